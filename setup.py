@@ -43,7 +43,8 @@ class TensorFlowOpBuild(build_ext):
         subprocess.check_call(cmd)
 
 
+SOURCES = op_sources()
 setup(
-    ext_modules=[Extension("bertserve.custom_ops._bert_ops", sources=op_sources())],
+    ext_modules=[Extension("bertserve.custom_ops._bert_ops", sources=SOURCES)] if SOURCES else [],
     cmdclass={"build_ext": TensorFlowOpBuild},
 )

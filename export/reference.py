@@ -73,6 +73,9 @@ def encode(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray, segmen
     """Final hidden states of every row's real tokens: a list of [len_b, hidden] float64 arrays."""
     out = []
     for b, n in enumerate(sequence_lengths(input_mask)):
+        if n == 0:
+            out.append(np.zeros((0, w.config.hidden_size)))
+            continue
         x = embed(w, input_ids[b, :n], segment_ids[b, :n])
         for layer in range(w.config.num_hidden_layers):
             x = encoder_layer(x, w, layer)
