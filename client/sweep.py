@@ -1,0 +1,63 @@
+"""QPS sweep: raise the open-loop rate step by step until the P99 SLO breaks (or errors appear, or the server
+stops keeping up). The result is the table TF Serving users tune by: offered QPS against P99."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from bertserve.client.loadgen import RunStats, open_loop
+from bertserve.client.transport import AsyncGrpcTransport
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    slo_p99_ms: float
+    start_qps: float = 1.0
+    factor: float = 1.5
+    max_steps: int = 12
+    step_duration_s: float = 10.0
+    max_error_rate: float = 0.01
+    min_achieved_ratio: float = 0.9  # below this fraction of the offered rate the server is saturated
+
+    def __post_init__(self) -> None:
+        if self.factor <= 1.0:
+            raise ValueError(f"sweep factor must be > 1, got {self.factor}")
+        if self.start_qps <= 0 or self.slo_p99_ms <= 0:
+            raise ValueError("sweep start QPS and P99 SLO must be positive")
+
+
+def meets_slo(stats: RunStats, config: SweepConfig) -> bool:
+    total = stats.ok + sum(stats.errors.values())
+    error_rate = sum(stats.errors.values()) / total if total else 1.0
+    return stats.ok > 0 and stats.percentile_ms(99) <= config.slo_p99_ms and error_rate <= config.max_error_rate
+
+
+def stop_reason(stats: RunStats, config: SweepConfig) -> str | None:
+    """Why the sweep ends after this step, or None to go on."""
+    if not meets_slo(stats, config):
+        return f"P99 {stats.percentile_ms(99):.1f} ms or errors {sum(stats.errors.values())} broke the SLO"
+    if stats.achieved_qps < config.min_achieved_ratio * stats.load:
+        return f"saturated: achieved {stats.achieved_qps:.1f} of {stats.load:g} offered QPS"
+    return None
+
+
+async def sweep(transport: AsyncGrpcTransport, requests: Sequence, config: SweepConfig, timeout_s: float,
+                pairs_per_request: int, progress: bool = True) -> tuple[list[RunStats], str]:
+    results: list[RunStats] = []
+    qps = config.start_qps
+    for step in range(config.max_steps):
+        stats = await open_loop(transport, requests, qps, config.step_duration_s, timeout_s, pairs_per_request,
+                                seed=step, progress=progress)
+        results.append(stats)
+        reason = stop_reason(stats, config)
+        if reason:
+            return results, reason
+        qps = round(qps * config.factor, 2)
+    return results, f"reached the last of {config.max_steps} steps within the SLO"
+
+
+def best_within_slo(results: Sequence[RunStats], config: SweepConfig) -> RunStats | None:
+    """The run with the highest achieved QPS that met the SLO."""
+    good = [r for r in results if meets_slo(r, config)]
+    return max(good, key=lambda r: r.achieved_qps, default=None)
