@@ -1,0 +1,61 @@
+"""The pip-built and the Bazel-built op libraries are the same code: identical outputs on the same inputs.
+
+Each library runs in its own process (an op library registers its ops once per process); bertserve.custom_ops
+loads the one named by BERTSERVE_OPS_LIBRARY. The Bazel artifact comes from `./configure.sh && bazel build
+//custom_ops:all` (`make bazel`); this test skips only when that has not been run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PIP_LIBRARY = REPO / "custom_ops" / "_bert_ops.so"
+BAZEL_LIBRARY = REPO / "bazel-bin" / "custom_ops" / "_bert_ops.so"
+RUNNER = Path(__file__).with_name("op_outputs.py")
+
+
+def outputs_of(library: Path, tmp_path: Path) -> dict[str, np.ndarray]:
+    """Runs op_outputs.py in a fresh interpreter with `library` selected; returns what it saved."""
+    out = tmp_path / f"{library.parent.parent.name}_{library.parent.name}.npz"
+    env = dict(os.environ, BERTSERVE_OPS_LIBRARY=str(library), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, str(RUNNER), str(out)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{RUNNER.name} with {library} failed:\n{done.stderr[-4000:]}"
+    with np.load(out) as saved:
+        return {name: saved[name] for name in saved.files}
+
+
+@pytest.fixture(scope="module")
+def both_outputs(tmp_path_factory) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    if not BAZEL_LIBRARY.exists():
+        pytest.skip(f"Bazel artifact {BAZEL_LIBRARY.relative_to(REPO)} not built: run "
+                    "`./configure.sh && bazel build //custom_ops:all` (make bazel)")
+    assert PIP_LIBRARY.exists(), f"pip artifact {PIP_LIBRARY} missing: run `make ops` (setup.py build_ext --inplace)"
+    tmp_path = tmp_path_factory.mktemp("artifacts")
+    return outputs_of(PIP_LIBRARY, tmp_path), outputs_of(BAZEL_LIBRARY, tmp_path)
+
+
+def test_each_process_loaded_the_library_it_was_given(both_outputs):
+    pip, bazel = both_outputs
+    assert [Path(p).resolve() for p in pip["mapped_libraries"]] == [PIP_LIBRARY.resolve()]
+    assert [Path(p).resolve() for p in bazel["mapped_libraries"]] == [BAZEL_LIBRARY.resolve()]
+
+
+def test_outputs_are_bit_identical(both_outputs):
+    pip, bazel = both_outputs
+    names = sorted(n for n in pip if n != "mapped_libraries")
+    assert names == sorted(n for n in bazel if n != "mapped_libraries")
+    assert len(names) == 16  # 2 head sizes x 2 dtypes x (embedding, cu_seqlens, encoder, first_token)
+    for name in names:
+        assert pip[name].dtype == bazel[name].dtype and pip[name].shape == bazel[name].shape, name
+        assert np.isfinite(pip[name]).all() and np.any(pip[name] != 0), f"{name}: degenerate output {pip[name]}"
+        assert pip[name].tobytes() == bazel[name].tobytes(), (
+            f"{name}: pip and Bazel builds differ (max abs diff "
+            f"{np.max(np.abs(pip[name].astype(np.float64) - bazel[name].astype(np.float64)))})")
