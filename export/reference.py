@@ -26,11 +26,18 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -
     return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
+def layer_params(w: BertWeights, layer: int) -> dict[str, np.ndarray]:
+    """One layer's arrays in float64 (converted once per layer, not once per sequence)."""
+    return {name: w[name][layer].astype(np.float64) for name in LAYER_ARRAY_NAMES}
+
+
 def encoder_layer(x: np.ndarray, w: BertWeights, layer: int) -> np.ndarray:
     """One post-LN BERT layer on the real tokens of one sequence, x: [len, hidden] float64."""
-    c = w.config
-    g = {name: w[name][layer].astype(np.float64) for name in LAYER_ARRAY_NAMES}
-    n, heads, d = x.shape[0], c.num_attention_heads, c.head_size
+    return _encoder_layer(x, layer_params(w, layer), w.config.num_attention_heads, w.config.layer_norm_eps)
+
+
+def _encoder_layer(x: np.ndarray, g: dict[str, np.ndarray], heads: int, eps: float) -> np.ndarray:
+    n, d = x.shape[0], x.shape[1] // heads
 
     def split(t: np.ndarray) -> np.ndarray:
         return t.reshape(n, heads, d).transpose(1, 0, 2)
@@ -44,9 +51,9 @@ def encoder_layer(x: np.ndarray, w: BertWeights, layer: int) -> np.ndarray:
     probs /= probs.sum(axis=-1, keepdims=True)
     context = (probs @ v).transpose(1, 0, 2).reshape(n, heads * d)
     attn = context @ g["attention_output_kernel"] + g["attention_output_bias"]
-    x = layer_norm(attn + x, g["attention_ln_gamma"], g["attention_ln_beta"], c.layer_norm_eps)
+    x = layer_norm(attn + x, g["attention_ln_gamma"], g["attention_ln_beta"], eps)
     ffn = gelu(x @ g["intermediate_kernel"] + g["intermediate_bias"]) @ g["output_kernel"] + g["output_bias"]
-    return layer_norm(ffn + x, g["output_ln_gamma"], g["output_ln_beta"], c.layer_norm_eps)
+    return layer_norm(ffn + x, g["output_ln_gamma"], g["output_ln_beta"], eps)
 
 
 def embed(w: BertWeights, input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -71,14 +78,16 @@ def sequence_lengths(input_mask: np.ndarray) -> np.ndarray:
 
 def encode(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray) -> list[np.ndarray]:
     """Final hidden states of every row's real tokens: a list of [len_b, hidden] float64 arrays."""
+    c = w.config
+    layers = [layer_params(w, layer) for layer in range(c.num_hidden_layers)]
     out = []
     for b, n in enumerate(sequence_lengths(input_mask)):
         if n == 0:
-            out.append(np.zeros((0, w.config.hidden_size)))
+            out.append(np.zeros((0, c.hidden_size)))
             continue
         x = embed(w, input_ids[b, :n], segment_ids[b, :n])
-        for layer in range(w.config.num_hidden_layers):
-            x = encoder_layer(x, w, layer)
+        for g in layers:
+            x = _encoder_layer(x, g, c.num_attention_heads, c.layer_norm_eps)
         out.append(x)
     return out
 

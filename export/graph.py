@@ -1,0 +1,91 @@
+"""BertWeights -> a tf.Module whose `serving_default` is the bertserve ranker signature.
+
+    serving_default(input_ids, input_mask, segment_ids: int32 [batch, seq]) -> {"scores": float32 [batch]}
+
+Variants (every one has that same signature, so a client never knows which it hit):
+- fused fp32 / fp16: bertserve.custom_ops (BertEmbedding -> BertEncoder -> BertGatherFirstToken, padding-free);
+  the pooler and classifier are stock ops computed in fp32. fp16 stores every weight as half (the model is half
+  the size on disk) and runs the ops' half kernels.
+- stock fp32: standard TF ops only (stock.py); padding handled by masking.
+- stock fp16: the stock fp32 graph rewritten by the FP16 conversion pass (fp16.py); weights stored half except
+  the few the pass keeps in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from bertserve.export import fp16, stock
+from bertserve.export.signature import INPUT_SIGNATURE, OUTPUT_NAME
+from bertserve.export.weights import BertWeights
+
+VARIANTS = ("fused", "stock")
+PRECISIONS = ("fp32", "fp16")
+
+_DTYPES = {"fp32": np.float32, "fp16": np.float16}
+
+
+class RankerModule(tf.Module):
+    """Holds the weights as variables (saved under variables/) and the serving function."""
+
+    def __init__(self, weights: dict[str, np.ndarray], serve: Callable, variant: str, precision: str):
+        super().__init__(name="bertserve_ranker")
+        self.weights = {name: tf.Variable(value, trainable=False, name=name) for name, value in weights.items()}
+        self.variant = variant
+        self.precision = precision
+        self.serving_default = tf.function(lambda input_ids, input_mask, segment_ids: {
+            OUTPUT_NAME: serve(self.weights, input_ids, input_mask, segment_ids)}, input_signature=INPUT_SIGNATURE)
+
+
+def fused_arrays(weights: BertWeights) -> dict[str, np.ndarray]:
+    """BertWeights -> the fused ops' weight inputs: q/k/v fused into qkv_kernel [L, H, 3H] and qkv_bias [L, 3H]."""
+    arrays = {name: value for name, value in weights.items()
+              if not name.startswith(("query_", "key_", "value_"))}
+    for kind in ("kernel", "bias"):
+        arrays[f"qkv_{kind}"] = np.concatenate(
+            [weights[f"{part}_{kind}"] for part in ("query", "key", "value")], axis=-1)
+    return arrays
+
+
+def _fused_serve(weights: BertWeights) -> Callable:
+    from bertserve import custom_ops as ops
+
+    config = weights.config
+    encoder_inputs = list(ops.ENCODER_WEIGHT_NAMES)
+
+    def serve(w, input_ids, input_mask, segment_ids):
+        hidden, cu_seqlens = ops.bert_embedding(
+            input_ids, segment_ids, input_mask, w["word_embeddings"], w["position_embeddings"],
+            w["token_type_embeddings"], w["embeddings_ln_gamma"], w["embeddings_ln_beta"],
+            layer_norm_epsilon=config.layer_norm_eps)
+        hidden = ops.bert_encoder(hidden, cu_seqlens, **{name: w[name] for name in encoder_inputs},
+                                  num_heads=config.num_attention_heads, layer_norm_epsilon=config.layer_norm_eps)
+        first = tf.cast(ops.bert_gather_first_token(hidden, cu_seqlens), tf.float32)
+        head = {name: tf.cast(w[name], tf.float32)
+                for name in ("pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias")}
+        return stock.logits_to_scores(stock.head_logits(head, first))
+
+    return serve
+
+
+def _stock_serve(weights: BertWeights) -> Callable:
+    return lambda w, *inputs: stock.ranker_scores(w, weights.config, *inputs)
+
+
+def build_ranker_module(weights: BertWeights, variant: str = "fused", precision: str = "fp32") -> RankerModule:
+    """The ranker as a tf.Module ready for tf.saved_model.save (see module docstring for the variants)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r} is not one of {VARIANTS}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {PRECISIONS}")
+    if variant == "fused":
+        arrays = {name: value.astype(_DTYPES[precision]) for name, value in fused_arrays(weights).items()}
+        return RankerModule(arrays, _fused_serve(weights), variant, precision)
+    if precision == "fp32":
+        return RankerModule(dict(weights.items()), _stock_serve(weights), variant, precision)
+    converted = fp16.convert_stock_ranker(weights)
+    return RankerModule(converted.weights, converted.serve, variant, precision)
+
