@@ -1,0 +1,135 @@
+"""Writes one TF Serving model version: <base>/<model>/<version>/ = SavedModel + assets.extra/.
+
+    <version>/saved_model.pb, variables/          signature `serving_default` (see signature.py)
+    <version>/assets.extra/tf_serving_warmup_requests
+                                                   TFRecord of PredictionLog(predict_log.request) for a few batch
+                                                   sizes at max_seq_length, so TF Serving runs every shape once
+                                                   at load time and the first real request is not slow
+    <version>/assets.extra/vocab.txt               the WordPiece vocabulary the model was trained with
+    <version>/assets.extra/bertserve_tokenizer.json
+        {"vocab_file": "vocab.txt", "do_lower_case": bool, "max_seq_length": int,
+         "tokenize_chinese_chars": true, "vocab_size": int}   (vocab_size: rows of the word embedding table)
+
+The version is written under a hidden sibling directory and renamed into place, so a server polling <base>/<model>
+never sees a half-written version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+from bertserve.export.graph import RankerModule
+from bertserve.export.signature import SIGNATURE_NAME
+from bertserve.export.weights import BertConfig
+
+ASSETS_EXTRA = "assets.extra"
+WARMUP_FILE = "tf_serving_warmup_requests"
+TOKENIZER_FILE = "bertserve_tokenizer.json"
+VOCAB_FILE = "vocab.txt"
+WARMUP_BATCH_SIZES = (1, 8, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerSettings:
+    """How clients must tokenize for this model; written to assets.extra/bertserve_tokenizer.json."""
+
+    vocab_file: str  # path of the vocabulary to copy in
+    do_lower_case: bool
+    max_seq_length: int
+
+    def as_json(self, vocab_size: int) -> dict:
+        return {"vocab_file": VOCAB_FILE, "do_lower_case": self.do_lower_case,
+                "max_seq_length": self.max_seq_length, "tokenize_chinese_chars": True, "vocab_size": vocab_size}
+
+
+def check_vocab(vocab_file: str, config: BertConfig) -> int:
+    """Number of vocabulary entries; refuses a vocabulary with ids the embedding table does not have."""
+    with open(vocab_file, encoding="utf-8") as f:
+        entries = sum(1 for _ in f)
+    if entries > config.vocab_size:
+        raise ValueError(f"{vocab_file} has {entries} entries but the model's word_embeddings has only "
+                         f"{config.vocab_size} rows (vocab_size): wrong vocabulary for this model")
+    return entries
+
+
+def warmup_inputs(config: BertConfig, batch_size: int, seq_length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded pairs of mixed real lengths padded to seq_length (what clients send with fixed padding)."""
+    rng = np.random.default_rng(seed + batch_size)
+    lengths = rng.integers(min(3, seq_length), seq_length + 1, size=batch_size)
+    positions = np.arange(seq_length)[None, :]
+    mask = (positions < lengths[:, None]).astype(np.int32)
+    ids = rng.integers(0, config.vocab_size, size=(batch_size, seq_length)).astype(np.int32) * mask
+    segments = ((positions >= lengths[:, None] // 2) & (config.type_vocab_size > 1)).astype(np.int32) * mask
+    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
+
+
+def write_warmup_requests(path: str, model_name: str, config: BertConfig, seq_length: int,
+                          batch_sizes: tuple[int, ...] = WARMUP_BATCH_SIZES) -> None:
+    """TF Serving's warmup format: a TFRecord of PredictionLog, one PredictRequest per batch size."""
+    with tf.io.TFRecordWriter(path) as writer:
+        for batch_size in batch_sizes:
+            request = predict_pb2.PredictRequest(
+                model_spec=model_pb2.ModelSpec(name=model_name, signature_name=SIGNATURE_NAME))
+            for name, value in warmup_inputs(config, batch_size, seq_length).items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(value, dtype=tf.int32))
+            log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+
+
+def read_warmup_requests(path: str) -> list[predict_pb2.PredictRequest]:
+    """The PredictRequests of a warmup file (what TF Serving replays)."""
+    requests = []
+    for record in tf.data.TFRecordDataset(path):
+        log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+        requests.append(log.predict_log.request)
+    return requests
+
+
+def version_dir(base: str, model_name: str, version: int) -> str:
+    return os.path.join(base, model_name, str(version))
+
+
+def write_version(module: RankerModule, config: BertConfig, base: str, model_name: str, version: int,
+                  tokenizer: TokenizerSettings, overwrite: bool = False) -> str:
+    """Saves module as <base>/<model_name>/<version>/ with assets.extra/; returns that directory."""
+    if version <= 0:
+        raise ValueError(f"version must be a positive integer (TF Serving's version directories), got {version}")
+    if tokenizer.max_seq_length > config.max_position_embeddings:
+        raise ValueError(f"max_seq_length {tokenizer.max_seq_length} exceeds the model's max_position_embeddings "
+                         f"{config.max_position_embeddings}")
+    check_vocab(tokenizer.vocab_file, config)
+    target = version_dir(base, model_name, version)
+    if os.path.exists(target) and not overwrite:
+        raise FileExistsError(f"{target} already exists (pass overwrite to replace it, or pick a new version)")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{version}.partial-", dir=os.path.dirname(target))
+    os.chmod(staging, 0o755)  # mkdtemp makes it private; a server running as another user must read it
+    try:
+        tf.saved_model.save(module, staging, signatures={SIGNATURE_NAME: module.serving_default})
+        extra = os.path.join(staging, ASSETS_EXTRA)
+        os.makedirs(extra)
+        shutil.copyfile(tokenizer.vocab_file, os.path.join(extra, VOCAB_FILE))
+        with open(os.path.join(extra, TOKENIZER_FILE), "w", encoding="utf-8") as f:
+            json.dump(tokenizer.as_json(config.vocab_size), f, indent=2)
+        write_warmup_requests(os.path.join(extra, WARMUP_FILE), model_name, config, tokenizer.max_seq_length)
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def directory_size(path: str) -> int:
+    """Bytes under path (the SavedModel size the report quotes)."""
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+

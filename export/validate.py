@@ -1,0 +1,86 @@
+"""`--validate`: the exported files against the float64 NumPy reference built from the same BertWeights.
+
+Runs the SavedModel as TF Serving would (tf.saved_model.load + the serving_default signature) and the ONNX file
+with onnxruntime, on seeded pairs of mixed real lengths padded to max_seq_length, and fails beyond the tolerance
+of the precision (scores are in 0..1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from bertserve.export import reference
+from bertserve.export.signature import OUTPUT_NAME, SIGNATURE_NAME
+from bertserve.export.weights import BertConfig, BertWeights
+
+TOLERANCES = {"fp32": 1e-5, "fp16": 5e-3}
+SAMPLE_ROWS = 12
+
+
+class ValidationError(RuntimeError):
+    """An exported file disagrees with the reference beyond tolerance."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationRow:
+    target: str
+    precision: str
+    max_abs_diff: float
+    rows: int
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCES[self.precision]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.max_abs_diff <= self.tolerance)
+
+
+def sample_pairs(config: BertConfig, seq_length: int, rows: int = SAMPLE_ROWS, seed: int = 0) -> dict[str, np.ndarray]:
+    """Pairs [CLS]-like first token + two segments, real lengths from 1 to seq_length (both ends included)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([[seq_length, 1], rng.integers(2, seq_length + 1, size=rows - 2)])[:rows]
+    positions = np.arange(seq_length)[None, :]
+    mask = (positions < lengths[:, None]).astype(np.int32)
+    low = min(1000, config.vocab_size // 2)
+    ids = rng.integers(low, config.vocab_size, size=(rows, seq_length)).astype(np.int32) * mask
+    segments = ((positions >= (lengths[:, None] + 1) // 2) & (config.type_vocab_size > 1)).astype(np.int32) * mask
+    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
+
+
+def saved_model_scores(version_dir: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """Scores from the SavedModel's serving_default signature (load bertserve.custom_ops first for fused)."""
+    signature = tf.saved_model.load(version_dir).signatures[SIGNATURE_NAME]
+    return signature(**{k: tf.constant(v, tf.int32) for k, v in inputs.items()})[OUTPUT_NAME].numpy()
+
+
+def validate_export(weights: BertWeights, version_dir: str, precision: str, seq_length: int,
+                    onnx_path: str | None = None, label: str = "saved_model") -> list[ValidationRow]:
+    """Max |score diff| of each exported file vs the reference; raises ValidationError if any is out of tolerance."""
+    inputs = sample_pairs(weights.config, seq_length)
+    expected = reference.scores(weights, inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
+    rows = [ValidationRow(label, precision, float(np.max(np.abs(saved_model_scores(version_dir, inputs)
+                                                                   - expected))), len(expected))]
+    if onnx_path is not None:
+        from bertserve.export.onnx_export import OnnxRanker
+
+        onnx_scores = OnnxRanker(onnx_path).scores(**inputs)
+        rows.append(ValidationRow("onnx (stock)", "fp32", float(np.max(np.abs(onnx_scores - expected))),
+                                  len(expected)))
+    failed = [row for row in rows if not row.ok]
+    if failed:
+        raise ValidationError(format_table(rows) + "\n" + "; ".join(
+            f"{row.target} differs from the reference by {row.max_abs_diff:.3g} > {row.tolerance:g}"
+            for row in failed))
+    return rows
+
+
+def format_table(rows: list[ValidationRow]) -> str:
+    lines = [f"{'target':<28} {'precision':<9} {'rows':>4} {'max |score diff|':>17} {'tolerance':>9}  result"]
+    lines += [f"{r.target:<28} {r.precision:<9} {r.rows:>4} {r.max_abs_diff:>17.3e} {r.tolerance:>9.0e}  "
+              f"{'ok' if r.ok else 'FAIL'}" for r in rows]
+    return "\n".join(lines)
