@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Points the Bazel build at the pip TensorFlow and at the offline repository stand-ins; writes .bazelrc.generated
-# (git-ignored, read by .bazelrc). Non-interactive; run again after changing interpreter or TensorFlow.
+# Points the Bazel build at the pip wheels it compiles against (TensorFlow, scipy-openblas32) and at the offline
+# repository stand-ins; writes .bazelrc.generated (git-ignored, read by .bazelrc). Non-interactive; run it again
+# after changing the interpreter or either wheel.
 #
 # Interpreter: $PYTHON if set, else ./.venv/bin/python if present, else python3 on PATH.
 # The `platforms` repository comes from Debian's bazel-platforms package ($BAZEL_PLATFORMS_DIR overrides).
@@ -25,39 +26,72 @@ platforms_dir="${BAZEL_PLATFORMS_DIR:-/usr/share/bazel/tools/platforms}"
 [[ -f "$platforms_dir/WORKSPACE" ]] ||
   die "no Bazel 'platforms' repository at $platforms_dir (apt-get install bazel-platforms, or set BAZEL_PLATFORMS_DIR)"
 
-# One line per value, read from tf.sysconfig so ABI flags always match the installed TensorFlow.
-tf_config="$(TF_CPP_MIN_LOG_LEVEL=3 "$python_bin" - <<'PY' 2>/dev/null
+# PREFIX_NAME=value lines, read from the wheels themselves so flags (ABI, symbol prefix) always match them.
+# TensorFlow logs on stderr while importing: keep it for the error message only.
+stderr_log="$(mktemp)"
+trap 'rm -f "$stderr_log"' EXIT
+wheel_config="$(TF_CPP_MIN_LOG_LEVEL=3 "$python_bin" - 2>"$stderr_log" <<'PY'
 import os
-import tensorflow as tf
+import re
+import sys
 
-lib_dir, lib_name = None, None
+try:
+    import tensorflow as tf
+except ImportError as e:
+    sys.exit(f"cannot import tensorflow ({e}): pip install tensorflow, or set PYTHON=/path/to/python")
+try:
+    import scipy_openblas32
+except ImportError as e:
+    sys.exit(f"cannot import scipy_openblas32 ({e}): pip install scipy-openblas32, or set PYTHON=/path/to/python")
+
+
+def emit(prefix, header_dir, library, copts, linkopts, version):
+    for name, value in (("HEADER_DIR", header_dir), ("SHARED_LIBRARY", library), ("COPTS", " ".join(copts)),
+                        ("LINKOPTS", " ".join(linkopts)), ("VERSION", version)):
+        print(f"{prefix}_{name}={value}")
+
+
+# TensorFlow: tf.sysconfig, as for any custom op library.
+lib_dir, lib_name = tf.sysconfig.get_lib(), None
 for flag in tf.sysconfig.get_link_flags():
     if flag.startswith("-L"):
         lib_dir = flag[2:]
     elif flag.startswith("-l:"):
         lib_name = flag[3:]
     elif flag.startswith("-l"):
-        lib_name = "lib%s.so" % flag[2:]
-print(tf.sysconfig.get_include())
-print(os.path.join(lib_dir or tf.sysconfig.get_lib(), lib_name))
-print(" ".join(f for f in tf.sysconfig.get_compile_flags() if not f.startswith("-I")))
-print(tf.__version__)
+        lib_name = f"lib{flag[2:]}.so"
+emit("TF", tf.sysconfig.get_include(), os.path.join(lib_dir, lib_name),
+     [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("-I")], [], tf.__version__)
+
+# OpenBLAS: the wheel's pkg-config data (Cflags carry its symbol prefix, Libs its rpath).
+pc = dict(re.findall(r"^(\w+)=(.*)$", scipy_openblas32.get_pkg_config(), re.M))
+fields = dict(re.findall(r"^(Cflags|Libs): (.*)$", scipy_openblas32.get_pkg_config(), re.M))
+expand = lambda text: re.sub(r"\$\{(\w+)\}", lambda m: pc[m.group(1)], text).split()
+emit("BLAS", scipy_openblas32.get_include_dir(),
+     os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True)),
+     [f for f in expand(fields["Cflags"]) if not f.startswith("-I")],
+     [f for f in expand(fields["Libs"]) if f.startswith("-Wl,")], scipy_openblas32.__version__)
 PY
-)" || die "$python_bin cannot import tensorflow (pip install tensorflow, or set PYTHON=/path/to/python)"
-{ read -r tf_header_dir; read -r tf_library; read -r tf_cxxflags; read -r tf_version; } <<<"$tf_config"
-[[ -f "$tf_library" ]] || die "TensorFlow's framework library $tf_library does not exist"
+)" || die "$python_bin cannot provide the wheels the build needs: $(tail -n 3 "$stderr_log")"
+
+declare -A wheel
+while IFS='=' read -r key value; do wheel[$key]="$value"; done <<<"$wheel_config"
+for prefix in TF BLAS; do
+  [[ -f "${wheel[${prefix}_SHARED_LIBRARY]}" ]] || die "${wheel[${prefix}_SHARED_LIBRARY]} does not exist"
+done
 
 generated=.bazelrc.generated
 {
-  echo "# Written by configure.sh for $python_bin (TensorFlow $tf_version); do not edit, run ./configure.sh again."
+  echo "# Written by configure.sh for $python_bin (TensorFlow ${wheel[TF_VERSION]}, scipy-openblas32" \
+       "${wheel[BLAS_VERSION]}); do not edit, run ./configure.sh again."
   for command in build query fetch sync; do
     echo "$command --override_repository=\"rules_cc=$WORKSPACE_DIR/third_party/rules_cc\""
     echo "$command --override_repository=\"rules_java=$WORKSPACE_DIR/third_party/rules_java\""
     echo "$command --override_repository=\"platforms=$platforms_dir\""
-    echo "$command --repo_env=\"TF_HEADER_DIR=$tf_header_dir\""
-    echo "$command --repo_env=\"TF_SHARED_LIBRARY=$tf_library\""
-    echo "$command --repo_env=\"TF_CXXFLAGS=$tf_cxxflags\""
-    echo "$command --repo_env=\"TF_VERSION=$tf_version\""
+    for key in $(printf '%s\n' "${!wheel[@]}" | sort); do
+      echo "$command --repo_env=\"$key=${wheel[$key]}\""
+    done
   done
 } >"$generated"
-echo "configure.sh: wrote $generated (TensorFlow $tf_version from $python_bin)"
+echo "configure.sh: wrote $generated (TensorFlow ${wheel[TF_VERSION]}, scipy-openblas32 ${wheel[BLAS_VERSION]}," \
+     "from $python_bin)"

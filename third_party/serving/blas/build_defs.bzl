@@ -1,0 +1,4 @@
+"""The system OpenBLAS needs no extra compile flags."""
+
+VERSION = "the system OpenBLAS"
+COPTS = []
