@@ -1,0 +1,272 @@
+"""Server-side batching with TF Serving's BatchingParameters semantics (SharedBatchScheduler + BatchingSession).
+
+One scheduler owns `num_batch_threads` threads shared by every queue (one queue per model version and signature,
+as TF Serving keeps one per servable signature). A queue holds batches in arrival order; only the last one is open.
+A request joins the open batch if it fits (size and trailing shape), else opens a new batch, and is refused
+UNAVAILABLE when that would exceed `max_enqueued_batches`. A batch runs when a thread is free and it is full,
+closed by a newer batch, or its first request has waited `batch_timeout_micros`. Requests whose deadline passed
+while queued are answered DEADLINE_EXCEEDED and left out. Every request was validated before it got here, so a
+batch never fails because of one bad request. Unlike TF Serving, requests whose trailing shapes differ (with
+padding off) are never merged into one failing batch: a differing request closes the open batch and starts the
+next one.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Callable, Protocol
+
+import grpc
+import numpy as np
+
+from bertserve.server.config_files import BatchingOptions
+from bertserve.server.errors import ServingError, deadline_exceeded, from_exception, invalid_argument, unavailable
+
+log = logging.getLogger("bertserve.server")
+
+Tensors = dict[str, np.ndarray]
+
+
+class BatchObserver(Protocol):
+    """Where batch statistics go (the Prometheus metrics in production)."""
+
+    def batch_done(self, model: str, signature: str, rows: int, padded_rows: int) -> None: ...
+
+    def task_dequeued(self, model: str, signature: str, task_rows: int, queued_seconds: float) -> None: ...
+
+
+class Task:
+    """One request (or one piece of a split request) waiting for its rows of a batch's outputs."""
+
+    __slots__ = ("inputs", "size", "deadline", "enqueued_at", "shape_key", "done", "outputs", "error", "abandoned")
+
+    def __init__(self, inputs: Tensors, size: int, deadline: float | None, shape_key: tuple):
+        self.inputs, self.size, self.deadline, self.shape_key = inputs, size, deadline, shape_key
+        self.enqueued_at = time.monotonic()
+        self.done = threading.Event()
+        self.outputs: Tensors | None = None
+        self.error: ServingError | None = None
+        self.abandoned = False
+
+    def finish(self, outputs: Tensors | None = None, error: ServingError | None = None) -> None:
+        self.outputs, self.error = outputs, error
+        self.done.set()
+
+
+class _Batch:
+    __slots__ = ("tasks", "size", "shape_key", "created")
+
+    def __init__(self, shape_key: tuple):
+        self.tasks: list[Task] = []
+        self.size = 0
+        self.shape_key = shape_key
+        self.created = time.monotonic()
+
+    def add(self, task: Task) -> None:
+        self.tasks.append(task)
+        self.size += task.size
+
+
+class BatchScheduler:
+    """The shared batch thread pool: picks the next ready batch across all queues."""
+
+    def __init__(self, num_threads: int, thread_pool_name: str):
+        self._cond = threading.Condition()
+        self._queues: list[BatchingQueue] = []
+        self._next = 0
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._work, name=f"{thread_pool_name}_{i}", daemon=True)
+                         for i in range(num_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def add_queue(self, options: BatchingOptions, run: Callable[[Tensors], Tensors], model: str, signature: str,
+                  observer: BatchObserver) -> "BatchingQueue":
+        queue = BatchingQueue(self, options, run, model, signature, observer)
+        with self._cond:
+            self._queues.append(queue)
+        return queue
+
+    def remove_queue(self, queue: "BatchingQueue") -> None:
+        with self._cond:
+            if queue in self._queues:
+                self._queues.remove(queue)
+
+    def stop(self) -> None:
+        """Runs every queued batch, then ends the threads."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def _pick(self, now: float) -> tuple["BatchingQueue", _Batch] | float | None:
+        """A ready (queue, batch), else the earliest time one becomes ready (None: nothing queued)."""
+        wake = None
+        count = len(self._queues)
+        for offset in range(count):
+            queue = self._queues[(self._next + offset) % count]
+            if not queue.batches:
+                continue
+            head = queue.batches[0]
+            ready_at = head.created + queue.options.batch_timeout_micros / 1e6
+            if (len(queue.batches) > 1 or head.size >= queue.options.execution_limit or now >= ready_at
+                    or self._stopping or queue.closing):
+                queue.batches.popleft()
+                self._next = (self._next + offset + 1) % count
+                return queue, head
+            wake = ready_at if wake is None else min(wake, ready_at)
+        return wake
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    picked = self._pick(time.monotonic())
+                    if isinstance(picked, tuple):
+                        break
+                    if picked is None and self._stopping:
+                        return
+                    self._cond.wait(None if picked is None else max(0.0, picked - time.monotonic()))
+            queue, batch = picked
+            queue.process(batch)
+
+
+class BatchingQueue:
+    """The batching queue of one servable signature."""
+
+    def __init__(self, scheduler: BatchScheduler, options: BatchingOptions, run: Callable[[Tensors], Tensors],
+                 model: str, signature: str, observer: BatchObserver):
+        self.scheduler, self.options, self._run = scheduler, options, run
+        self.model, self.signature, self._observer = model, signature, observer
+        self.batches: collections.deque[_Batch] = collections.deque()
+        self.closing = False
+
+    def _shape_key(self, inputs: Tensors) -> tuple:
+        if self.options.pad_variable_length_inputs:
+            return tuple(sorted((name, array.ndim) for name, array in inputs.items()))
+        return tuple(sorted((name, array.shape[1:]) for name, array in inputs.items()))
+
+    def submit(self, inputs: Tensors, size: int, deadline: float | None) -> list[Task]:
+        """Enqueues a validated request; returns its tasks (several if it was split). Raises ServingError."""
+        options = self.options
+        if size > options.max_batch_size:
+            raise invalid_argument(f"Task size {size} is larger than maximum input batch size {options.max_batch_size}")
+        key = self._shape_key(inputs)
+        limit = options.execution_limit
+        with self.scheduler._cond:
+            if self.closing:
+                raise unavailable(f"servable {self.model} is unloading; retry")
+            open_batch = self.batches[-1] if self.batches else None
+            room = limit - open_batch.size if open_batch is not None and open_batch.shape_key == key else 0
+            if options.enable_large_batch_splitting:
+                first = min(room, size)
+                pieces = ([first] if first else []) + _chunks(size - first, limit)
+            else:
+                pieces = [size]
+            new_batches = len(pieces) - (1 if pieces[0] <= room else 0)
+            if len(self.batches) + new_batches > options.max_enqueued_batches:
+                raise unavailable("The batch scheduling queue to which this task was submitted is full")
+            tasks, start = [], 0
+            for piece in pieces:
+                sliced = inputs if len(pieces) == 1 else {n: a[start:start + piece] for n, a in inputs.items()}
+                task = Task(sliced, piece, deadline, key)
+                start += piece
+                if not self.batches or self.batches[-1].shape_key != key or self.batches[-1].size + piece > limit:
+                    self.batches.append(_Batch(key))
+                self.batches[-1].add(task)
+                tasks.append(task)
+            self.scheduler._cond.notify_all()
+        return tasks
+
+    def process(self, batch: _Batch) -> None:
+        now = time.monotonic()
+        live = []
+        for task in batch.tasks:
+            self._observer.task_dequeued(self.model, self.signature, task.size, now - task.enqueued_at)
+            if task.abandoned or (task.deadline is not None and now >= task.deadline):
+                task.finish(error=deadline_exceeded("Request deadline passed while waiting in the batching queue"))
+            else:
+                live.append(task)
+        if not live:
+            return
+        rows = sum(task.size for task in live)
+        padded_rows = self._padded_size(rows)
+        try:
+            merged = self._merge(live, padded_rows - rows)
+            outputs = self._run(merged)
+            for name, value in outputs.items():
+                if value.ndim == 0 or value.shape[0] != padded_rows:
+                    raise ServingError(
+                        grpc.StatusCode.INTERNAL,
+                        f"Batched output tensor '{name}' has shape {list(value.shape)}; its 0th dimension must "
+                        f"equal the batch size {padded_rows}")
+        except Exception as exc:  # noqa: BLE001 - a failed batch answers each of its requests, never crashes
+            error = from_exception(exc)
+            log.error("batch of %d rows for %s/%s failed: %s", rows, self.model, self.signature, error)
+            for task in live:
+                task.finish(error=error)
+            return
+        self._observer.batch_done(self.model, self.signature, rows, padded_rows)
+        offset = 0
+        for task in live:
+            task.finish(outputs={name: value[offset:offset + task.size] for name, value in outputs.items()})
+            offset += task.size
+
+    def _padded_size(self, rows: int) -> int:
+        """allowed_batch_sizes: round up to the next allowed size (the extra rows are dropped afterwards)."""
+        for allowed in self.options.allowed_batch_sizes:
+            if allowed >= rows:
+                return allowed
+        return rows
+
+    def _merge(self, tasks: list[Task], extra_rows: int) -> Tensors:
+        merged = {}
+        for name in tasks[0].inputs:
+            parts = [task.inputs[name] for task in tasks]
+            if self.options.pad_variable_length_inputs:
+                parts = _pad_to_common_shape(parts)
+            if extra_rows:
+                parts.append(np.repeat(parts[0][:1], extra_rows, axis=0))
+            merged[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        return merged
+
+    def close(self) -> None:
+        """Refuses new requests; queued batches run at once. The scheduler forgets the queue when asked."""
+        with self.scheduler._cond:
+            self.closing = True
+            self.scheduler._cond.notify_all()
+
+
+def _chunks(total: int, limit: int) -> list[int]:
+    return [limit] * (total // limit) + ([total % limit] if total % limit else [])
+
+
+def _pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:
+    """TF Serving's pad_variable_length_inputs: pad every dim but the 0th with the tensor's own first element."""
+    target = np.max([p.shape for p in parts], axis=0)
+    padded = []
+    for part in parts:
+        widths = [(0, 0)] + [(0, int(t - s)) for t, s in zip(target[1:], part.shape[1:])]
+        if any(w for _, w in widths) and part.size:
+            part = np.pad(part, widths, constant_values=part.flat[0])
+        padded.append(part)
+    return padded
+
+
+def wait_for(tasks: list[Task], deadline: float | None) -> Tensors:
+    """Blocks until every piece is answered; joins split pieces in order. Raises the first piece's error."""
+    for task in tasks:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not task.done.wait(remaining):
+            for other in tasks:
+                other.abandoned = True
+            raise deadline_exceeded("Deadline exceeded while waiting for the batch to run")
+        if task.error is not None:
+            raise task.error
+    if len(tasks) == 1:
+        return tasks[0].outputs
+    return {name: np.concatenate([task.outputs[name] for task in tasks], axis=0) for name in tasks[0].outputs}

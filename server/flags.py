@@ -1,0 +1,108 @@
+"""tensorflow_model_server's command line: same flag names, defaults and `--flag` / `--flag=true|false` syntax."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptions:
+    port: int = 8500
+    rest_api_port: int = 0
+    rest_api_num_threads: int = 0
+    rest_api_timeout_in_ms: int = 30000
+    model_name: str = "default"
+    model_base_path: str = ""
+    model_config_file: str = ""
+    model_config_file_poll_wait_seconds: int = 0
+    file_system_poll_wait_seconds: int = 1
+    enable_batching: bool = False
+    batching_parameters_file: str = ""
+    monitoring_config_file: str = ""
+    enable_model_warmup: bool = True
+    num_request_iterations_for_warmup: int = 1
+    allow_version_labels_for_unavailable_models: bool = False
+    saved_model_tags: str = "serve"
+    grpc_max_threads: int = 0
+    tensorflow_session_parallelism: int = 0
+    tensorflow_intra_op_parallelism: int = 0
+    tensorflow_inter_op_parallelism: int = 0
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60 * 1000 * 1000
+
+    def effective_grpc_threads(self, max_batch_size: int) -> int:
+        """TF Serving's default is 4 x CPUs; its handlers are asynchronous. Here a handler thread waits while its
+        request is queued, so a full batch needs that many threads: the default also covers 2 x max_batch_size
+        (the client concurrency TF Serving's batching guide recommends)."""
+        if self.grpc_max_threads > 0:
+            return self.grpc_max_threads
+        return max(4 * (os.cpu_count() or 1), 2 * max_batch_size)
+
+
+_HELP = {
+    "port": "TCP port for the gRPC API (0 disables it)",
+    "rest_api_port": "TCP port for the HTTP/REST API (0 disables it); must differ from --port",
+    "rest_api_num_threads": "threads for the HTTP/REST API (0: auto)",
+    "rest_api_timeout_in_ms": "timeout for HTTP/REST API calls",
+    "model_name": "name of the model (ignored if --model_config_file is set)",
+    "model_base_path": "path holding numbered version directories (ignored if --model_config_file is set)",
+    "model_config_file": "ascii ModelServerConfig protobuf naming the models to serve",
+    "model_config_file_poll_wait_seconds": "seconds between re-reads of --model_config_file (0: read once)",
+    "file_system_poll_wait_seconds": "seconds between polls of base paths for new versions (0: poll once)",
+    "enable_batching": "batch requests on the server",
+    "batching_parameters_file": "ascii BatchingParameters protobuf (requires --enable_batching)",
+    "monitoring_config_file": "ascii MonitoringConfig protobuf (Prometheus endpoint on the REST port)",
+    "enable_model_warmup": "replay assets.extra/tf_serving_warmup_requests before a version takes traffic",
+    "num_request_iterations_for_warmup": "times each warmup request is replayed",
+    "allow_version_labels_for_unavailable_models": "allow labels naming versions that are not loaded yet",
+    "saved_model_tags": "comma-separated MetaGraphDef tags to load",
+    "grpc_max_threads": "gRPC server threads (0: the larger of 4 x CPUs and 2 x max_batch_size)",
+    "tensorflow_session_parallelism": "TensorFlow threads for both pools (0: auto)",
+    "tensorflow_intra_op_parallelism": "threads inside one op (0: auto)",
+    "tensorflow_inter_op_parallelism": "ops run at once (0: auto)",
+    "max_num_load_retries": "retries after a failed load of a version",
+    "load_retry_interval_micros": "wait between load retries",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertserve serve", allow_abbrev=False,
+                                     description="TF-Serving-compatible model server (tensorflow_model_server flags)")
+    for field in dataclasses.fields(ServerOptions):
+        flag = f"--{field.name}"
+        if field.type == "bool":
+            parser.add_argument(flag, type=_parse_bool, nargs="?", const=True, default=field.default,
+                                metavar="true|false", help=_HELP[field.name])
+        else:
+            kind = int if field.type == "int" else str
+            parser.add_argument(flag, type=kind, default=field.default, help=_HELP[field.name])
+    return parser
+
+
+class FlagError(ValueError):
+    """A flag combination tensorflow_model_server refuses."""
+
+
+def parse_flags(argv: list[str]) -> ServerOptions:
+    """Parses argv; raises FlagError for combinations TF Serving rejects (it exits non-zero too)."""
+    options = ServerOptions(**vars(build_parser().parse_args(argv)))
+    if options.batching_parameters_file and not options.enable_batching:
+        raise FlagError("--batching_parameters_file requires --enable_batching (as in tensorflow_model_server)")
+    if not options.model_config_file and not options.model_base_path:
+        raise FlagError("Both server_options.model_base_path and server_options.model_config_file are empty!")
+    if options.port == 0 and options.rest_api_port == 0:
+        raise FlagError("at least one of --port and --rest_api_port must be non-zero")
+    if options.rest_api_port and options.rest_api_port == options.port:
+        raise FlagError("--rest_api_port must differ from --port")
+    return options

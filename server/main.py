@@ -1,0 +1,164 @@
+"""`bertserve serve`: the model server's process: flags, config files, front ends, polling, graceful stop."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import sys
+import threading
+
+import tensorflow as tf
+
+from bertserve.server.config_files import (ConfigError, read_batching_options, read_model_server_config,
+                                           read_prometheus_path, single_model_config, BatchingOptions)
+from bertserve.server.flags import FlagError, ServerOptions, parse_flags
+from bertserve.server.grpc_service import start_grpc_server
+from bertserve.server.manager import ManagerOptions, ModelManager
+from bertserve.server.metrics import ServerMetrics
+from bertserve.server.predict import Predictor
+from bertserve.server.rest import RestApi, RestServer
+
+log = logging.getLogger("bertserve.server")
+DRAIN_GRACE_SECONDS = 30.0
+
+
+def _load_custom_ops() -> None:
+    """Register bertserve's fused ops before any SavedModel loads, as a TF Serving build links them in.
+
+    A missing op library must not stop the server: stock-op models still serve, and a fused model then fails
+    to load with TensorFlow's "Op type not registered" error in its status.
+    """
+    try:
+        importlib.import_module("bertserve.custom_ops")
+    except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
+        log.warning("bertserve.custom_ops could not be imported (%s: %s); fused models will not load",
+                    type(exc).__name__, exc)
+        return
+    log.info("bertserve.custom_ops imported")
+
+
+def _configure_tensorflow(options: ServerOptions) -> None:
+    intra = options.tensorflow_intra_op_parallelism or options.tensorflow_session_parallelism
+    inter = options.tensorflow_inter_op_parallelism or options.tensorflow_session_parallelism
+    if intra:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+    if inter:
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
+def _poll_forever(stop: threading.Event, every_seconds: int, action, what: str) -> threading.Thread:
+    def loop() -> None:
+        while not stop.wait(every_seconds):
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - a failed poll is logged and retried next time
+                log.error("%s failed: %s", what, exc)
+    thread = threading.Thread(target=loop, name=what, daemon=True)
+    thread.start()
+    return thread
+
+
+class _ConfigFileWatcher:
+    """--model_config_file_poll_wait_seconds: re-reads the file, applies it when its text changed."""
+
+    def __init__(self, path: str, manager: ModelManager):
+        self.path, self.manager = path, manager
+        self._last = open(path, encoding="utf-8").read()
+
+    def check(self) -> None:
+        text = open(self.path, encoding="utf-8").read()
+        if text == self._last:
+            return
+        self._last = text
+        self.manager.apply_config(read_model_server_config(self.path))
+        self.manager.poll()
+        log.info("model config file %s reloaded", self.path)
+
+
+def run(options: ServerOptions, stop: threading.Event) -> int:
+    """Serves until `stop` is set, then drains in-flight requests and unloads. Returns the exit code."""
+    _configure_tensorflow(options)
+    _load_custom_ops()
+    try:
+        config = (read_model_server_config(options.model_config_file) if options.model_config_file
+                  else single_model_config(options.model_name, options.model_base_path))
+        batching: BatchingOptions | None = None
+        if options.enable_batching:
+            batching = (read_batching_options(options.batching_parameters_file) if options.batching_parameters_file
+                        else BatchingOptions())
+            if batching.pad_variable_length_inputs:
+                log.warning("pad_variable_length_inputs pads every input with its own first element; pad on the "
+                            "client to a fixed length instead (padding with real token ids changes nothing only "
+                            "where the mask is 0)")
+        prometheus_path = read_prometheus_path(options.monitoring_config_file) if options.monitoring_config_file \
+            else None
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 1
+    metrics = ServerMetrics(batching.max_batch_size if batching else 1000)
+    manager = ModelManager(ManagerOptions(
+        saved_model_tags=frozenset(t.strip() for t in options.saved_model_tags.split(",") if t.strip()),
+        enable_model_warmup=options.enable_model_warmup,
+        warmup_iterations=options.num_request_iterations_for_warmup,
+        allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
+        batching=batching), metrics)
+    manager.apply_config(config)
+    manager.poll()
+    try:
+        manager.check_labels()
+    except Exception as exc:  # noqa: BLE001
+        log.error("%s", exc)
+        manager.shutdown()
+        return 1
+    predictor = Predictor(manager, metrics)
+    grpc_server = health = rest_server = None
+    try:
+        if options.port:
+            grpc_server, health = start_grpc_server(
+                options.port, options.effective_grpc_threads(batching.max_batch_size if batching else 0), predictor)
+            log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
+        if options.rest_api_port:
+            rest_server = RestServer(options.rest_api_port, RestApi(predictor, metrics, prometheus_path))
+            log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
+    except OSError as exc:
+        log.error("%s", exc)
+        manager.shutdown()
+        return 1
+    if health is not None:
+        for service in ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"):
+            health.set(service, 1)  # SERVING
+    if options.file_system_poll_wait_seconds > 0:
+        _poll_forever(stop, options.file_system_poll_wait_seconds, manager.poll, "file system poll")
+    if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
+        watcher = _ConfigFileWatcher(options.model_config_file, manager)
+        _poll_forever(stop, options.model_config_file_poll_wait_seconds, watcher.check, "model config poll")
+    while not stop.wait(0.5):
+        pass
+    log.info("stopping: draining in-flight requests")
+    if health is not None:
+        health.enter_graceful_shutdown()
+    if grpc_server is not None:
+        grpc_server.stop(DRAIN_GRACE_SECONDS).wait()
+    if rest_server is not None:
+        rest_server.close()
+    manager.shutdown()
+    log.info("stopped")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        options = parse_flags(argv)
+    except FlagError as exc:
+        log.error("%s", exc)
+        return 2
+    except SystemExit as exc:  # argparse already printed the usage error
+        return int(exc.code or 0)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+    return run(options, stop)

@@ -1,0 +1,291 @@
+"""Model registry: which versions of which models serve, following ModelServerConfig and the file system.
+
+Mirrors TF Serving's ServerCore with the AvailabilityPreservingPolicy: a poll lists each base path's numbered
+version directories, applies the model's version policy, loads (and warms up) new versions first, and only then
+unloads versions no longer wanted, each after its in-flight requests finish. A version that fails to load is kept
+in the status table with its error; other models and versions keep serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+from typing import Iterator
+
+from tensorflow_serving.apis import get_model_status_pb2
+from tensorflow_serving.config import model_server_config_pb2
+
+from bertserve.server.batcher import BatchingQueue, BatchScheduler
+from bertserve.server.config_files import BatchingOptions, check_model_server_config
+from bertserve.server.errors import ServingError, failed_precondition, from_exception, invalid_argument, not_found
+from bertserve.server.metrics import ServerMetrics
+from bertserve.server.servable import LoadedVersion
+from bertserve.server.warmup import replay_warmup
+
+log = logging.getLogger("bertserve.server")
+State = get_model_status_pb2.ModelVersionStatus.State
+
+
+@dataclasses.dataclass
+class VersionRecord:
+    version: int
+    state: int = State.START
+    error: ServingError | None = None
+    servable: LoadedVersion | None = None
+    queues: dict[str, BatchingQueue] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class ModelEntry:
+    config: model_server_config_pb2.ModelConfig
+    versions: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
+    source_error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """What one request holds while it runs: the version, its queues (if batching) and the model name."""
+
+    model_name: str
+    servable: LoadedVersion
+    queues: dict[str, BatchingQueue]
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerOptions:
+    saved_model_tags: frozenset[str]
+    enable_model_warmup: bool
+    warmup_iterations: int
+    allow_labels_for_unavailable: bool
+    batching: BatchingOptions | None
+
+
+def list_versions(base_path: str) -> list[int]:
+    """Numbered child directories of a base path (TF Serving's FileSystemStoragePathSource)."""
+    return sorted(int(name) for name in os.listdir(base_path)
+                  if name.isdigit() and os.path.isdir(os.path.join(base_path, name)))
+
+
+def aspired_versions(policy: model_server_config_pb2.FileSystemStoragePathSourceConfig.ServableVersionPolicy,
+                     found: list[int]) -> list[int]:
+    kind = policy.WhichOneof("policy_choice")
+    if kind == "all":
+        return found
+    if kind == "specific":
+        return [v for v in found if v in set(policy.specific.versions)]
+    count = policy.latest.num_versions if kind == "latest" and policy.latest.num_versions > 0 else 1
+    return found[-count:]
+
+
+class ModelManager:
+    def __init__(self, options: ManagerOptions, metrics: ServerMetrics):
+        self.options, self.metrics = options, metrics
+        self._models: dict[str, ModelEntry] = {}
+        self._lock = threading.Lock()          # guards the tables; never held while loading
+        self._poll_lock = threading.Lock()     # one poll / config change at a time
+        batching = options.batching
+        self._scheduler = (BatchScheduler(batching.num_batch_threads, batching.thread_pool_name)
+                           if batching is not None else None)
+        if batching is not None:
+            metrics.thread_pool_name = batching.thread_pool_name
+
+    # ---- configuration and polling -------------------------------------------------------------------------
+
+    def apply_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
+        """Adds, updates and removes models; removed models' versions unload. Loads happen on the next poll."""
+        check_model_server_config(config)
+        wanted = {entry.name: entry for entry in config.model_config_list.config}
+        with self._poll_lock:
+            with self._lock:
+                removed = [self._models.pop(name) for name in list(self._models) if name not in wanted]
+                for name, entry in wanted.items():
+                    if name in self._models:
+                        self._models[name].config = entry
+                    else:
+                        self._models[name] = ModelEntry(config=entry)
+            for entry in removed:
+                for record in list(entry.versions.values()):
+                    self._unload(entry.config.name, record)
+
+    def poll(self) -> None:
+        """One pass over every base path: load newly aspired versions, then unload the ones no longer aspired."""
+        with self._poll_lock:
+            with self._lock:
+                entries = list(self._models.values())
+            for entry in entries:
+                self._poll_model(entry)
+
+    def check_labels(self) -> None:
+        """TF Serving refuses a label naming a version that is not available (unless allowed by flag)."""
+        if self.options.allow_labels_for_unavailable:
+            return
+        with self._lock:
+            for entry in self._models.values():
+                for label, version in entry.config.version_labels.items():
+                    record = entry.versions.get(version)
+                    if record is None or record.state != State.AVAILABLE:
+                        raise failed_precondition(
+                            f"Request to assign label to version {version} of model {entry.config.name}, which is "
+                            f"not currently available for inference")
+
+    def _poll_model(self, entry: ModelEntry) -> None:
+        name, base_path = entry.config.name, entry.config.base_path
+        try:
+            found = list_versions(base_path)
+        except OSError as exc:
+            if entry.source_error != str(exc):
+                log.error("model %s: cannot list base path %s: %s", name, base_path, exc)
+            entry.source_error = str(exc)
+            return
+        entry.source_error = "" if found else f"No versions of servable {name} found under base path {base_path}"
+        wanted = aspired_versions(entry.config.model_version_policy, found)
+        for version in wanted:
+            record = entry.versions.get(version)
+            if record is None or record.state == State.END and record.error is None:
+                self._load(entry, version)
+        for version, record in list(entry.versions.items()):
+            if version not in wanted and record.state == State.AVAILABLE:
+                self._unload(name, record)
+
+    # ---- load / unload -------------------------------------------------------------------------------------
+
+    def _load(self, entry: ModelEntry, version: int) -> None:
+        name = entry.config.name
+        path = os.path.join(entry.config.base_path, str(version))
+        record = VersionRecord(version=version, state=State.LOADING)
+        with self._lock:
+            entry.versions[version] = record
+        try:
+            servable = LoadedVersion(name, version, path, set(self.options.saved_model_tags))
+            if self.options.enable_model_warmup:
+                count = replay_warmup(servable, self.options.warmup_iterations)
+                if count:
+                    log.info("model %s version %d: warmed up with %d requests", name, version, count)
+            queues = self._make_queues(name, servable)
+        except Exception as exc:  # noqa: BLE001 - a bad model is reported, never fatal to the server
+            error = from_exception(exc)
+            with self._lock:
+                record.state, record.error = State.END, error
+            self.metrics.load_count.inc(path, "error")
+            log.error("Loading servable {name: %s version: %d} failed: %s", name, version, error)
+            return
+        with self._lock:
+            record.servable, record.queues, record.state = servable, queues, State.AVAILABLE
+        self.metrics.load_count.inc(path, "ok")
+        self._update_version_gauge(entry)
+        log.info("Successfully loaded servable version {name: %s version: %d} from %s (%s)",
+                 name, version, path, servable.limits.describe())
+
+    def _make_queues(self, name: str, servable: LoadedVersion) -> dict[str, BatchingQueue]:
+        if self._scheduler is None:
+            return {}
+        return {key: self._scheduler.add_queue(self.options.batching, signature.run, name, key, self.metrics)
+                for key, signature in servable.signatures.items()}
+
+    def _unload(self, name: str, record: VersionRecord) -> None:
+        with self._lock:
+            if record.state != State.AVAILABLE:
+                return
+            record.state = State.UNLOADING
+        record.servable.wait_idle()
+        for queue in record.queues.values():
+            queue.close()
+            self._scheduler.remove_queue(queue)
+        record.servable.release_model()
+        with self._lock:
+            record.state, record.servable, record.queues = State.END, None, {}
+            entry = self._models.get(name)
+        if entry is not None:
+            self._update_version_gauge(entry)
+        log.info("Unloaded servable version {name: %s version: %d}", name, record.version)
+
+    def _update_version_gauge(self, entry: ModelEntry) -> None:
+        with self._lock:
+            count = sum(1 for r in entry.versions.values() if r.state == State.AVAILABLE)
+        self.metrics.model_versions.labels(entry.config.name).set(count)
+
+    def shutdown(self) -> None:
+        """Unloads everything after in-flight requests end, then stops the batch threads."""
+        with self._poll_lock:
+            with self._lock:
+                entries = list(self._models.values())
+            for entry in entries:
+                for record in list(entry.versions.values()):
+                    self._unload(entry.config.name, record)
+        if self._scheduler is not None:
+            self._scheduler.stop()
+
+    # ---- request side --------------------------------------------------------------------------------------
+
+    def _entry(self, name: str) -> ModelEntry:
+        entry = self._models.get(name)
+        if entry is None:
+            raise not_found(f"Servable not found for request: Latest({name})")
+        return entry
+
+    def _resolve_version(self, entry: ModelEntry, version: int | None, label: str | None) -> int | None:
+        if label:
+            if label not in entry.config.version_labels:
+                raise invalid_argument(f"Unrecognized servable version label: {label}")
+            return entry.config.version_labels[label]
+        return version
+
+    @contextlib.contextmanager
+    def serving(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[Handle]:
+        """Holds one available version for the duration of a request (it cannot unload meanwhile)."""
+        with self._lock:
+            entry = self._entry(name)
+            wanted = self._resolve_version(entry, version, label)
+            available = [r for r in entry.versions.values() if r.state == State.AVAILABLE]
+            if wanted is None:
+                record = max(available, key=lambda r: r.version, default=None)
+                if record is None:
+                    raise not_found(f"Servable not found for request: Latest({name})")
+            else:
+                record = next((r for r in available if r.version == wanted), None)
+                if record is None:
+                    raise not_found(f"Servable not found for request: Specific({name}, {wanted})")
+            servable = record.servable
+            servable.acquire()
+        try:
+            yield Handle(name, servable, record.queues)
+        finally:
+            servable.release()
+
+    def version_statuses(self, name: str, version: int | None = None,
+                         label: str | None = None) -> list[get_model_status_pb2.ModelVersionStatus]:
+        """GetModelStatus: every known version (or the one asked for) with its state and last error."""
+        with self._lock:
+            entry = self._models.get(name)
+            if entry is None:
+                raise not_found(f"Could not find any versions of model {name}")
+            wanted = self._resolve_version(entry, version, label)
+            records = sorted(entry.versions.values(), key=lambda r: r.version)
+            if wanted is not None:
+                records = [r for r in records if r.version == wanted]
+                if not records:
+                    raise not_found(f"Could not find version {wanted} of model {name}")
+            if not records:
+                raise not_found(f"Could not find any versions of model {name}"
+                                + (f": {entry.source_error}" if entry.source_error else ""))
+            statuses = []
+            for record in records:
+                status = get_model_status_pb2.ModelVersionStatus(version=record.version, state=record.state)
+                status.status.SetInParent()
+                if record.error is not None:
+                    status.status.error_code = record.error.code.value[0]
+                    status.status.error_message = record.error.message
+                statuses.append(status)
+            return statuses
+
+    def model_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._models)
+
+    def any_available(self) -> bool:
+        with self._lock:
+            return any(r.state == State.AVAILABLE for e in self._models.values() for r in e.versions.values())
+
