@@ -76,7 +76,9 @@ class RunStats:
 
     mode: str
     load: float  # offered QPS (open loop) or concurrency (closed loop)
-    elapsed_s: float
+    sent: int
+    duration_s: float  # the sending window
+    elapsed_s: float  # until the last answer
     pairs_per_request: int
     latencies_ms: np.ndarray
     errors: dict[str, int]
@@ -90,6 +92,11 @@ class RunStats:
         return self.ok / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
+    def sent_qps(self) -> float:
+        """The rate actually sent: Poisson arrivals over a short window differ from the offered rate."""
+        return self.sent / self.duration_s
+
+    @property
     def pairs_per_s(self) -> float:
         return self.achieved_qps * self.pairs_per_request
 
@@ -97,8 +104,8 @@ class RunStats:
         return float(np.percentile(self.latencies_ms, p)) if self.ok else float("nan")
 
     def row(self) -> dict:
-        row = {"mode": self.mode, "load": self.load, "ok": self.ok, "errors": sum(self.errors.values()),
-               "achieved_qps": round(self.achieved_qps, 2), "pairs_per_s": round(self.pairs_per_s, 1)}
+        row = {"mode": self.mode, "load": self.load, "sent_qps": round(self.sent_qps, 2), "ok": self.ok,
+               "errors": sum(self.errors.values()), "achieved_qps": round(self.achieved_qps, 2), "pairs_per_s": round(self.pairs_per_s, 1)}
         row.update({f"p{p:g}_ms": round(self.percentile_ms(p), 2) for p in PERCENTILES})
         row["errors_by_status"] = dict(self.errors)
         return row
@@ -142,7 +149,7 @@ async def _run(mode: str, load: float, driver, duration_s: float, pairs_per_requ
     finally:
         ticker.cancel()
         bar.close()
-    return RunStats(mode, load, time.perf_counter() - start, pairs_per_request,
+    return RunStats(mode, load, recorder.sent, duration_s, time.perf_counter() - start, pairs_per_request,
                     np.asarray(recorder.latencies, dtype=np.float64), dict(recorder.errors))
 
 

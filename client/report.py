@@ -9,7 +9,7 @@ from typing import Sequence
 
 from bertserve.client.loadgen import PERCENTILES, RunStats
 
-COLUMNS = ("load", "achieved_qps", "pairs_per_s", *(f"p{p:g}_ms" for p in PERCENTILES), "ok", "errors")
+COLUMNS = ("load", "sent_qps", "achieved_qps", "pairs_per_s", *(f"p{p:g}_ms" for p in PERCENTILES), "ok", "errors")
 
 
 def machine_label() -> str:

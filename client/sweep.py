@@ -18,7 +18,7 @@ class SweepConfig:
     max_steps: int = 12
     step_duration_s: float = 10.0
     max_error_rate: float = 0.01
-    min_achieved_ratio: float = 0.9  # below this fraction of the offered rate the server is saturated
+    min_achieved_ratio: float = 0.9  # answering below this fraction of the sent rate: the server is saturated
 
     def __post_init__(self) -> None:
         if self.factor <= 1.0:
@@ -37,8 +37,8 @@ def stop_reason(stats: RunStats, config: SweepConfig) -> str | None:
     """Why the sweep ends after this step, or None to go on."""
     if not meets_slo(stats, config):
         return f"P99 {stats.percentile_ms(99):.1f} ms or errors {sum(stats.errors.values())} broke the SLO"
-    if stats.achieved_qps < config.min_achieved_ratio * stats.load:
-        return f"saturated: achieved {stats.achieved_qps:.1f} of {stats.load:g} offered QPS"
+    if stats.achieved_qps < config.min_achieved_ratio * stats.sent_qps:
+        return f"saturated: answered {stats.achieved_qps:.1f} of {stats.sent_qps:.1f} QPS sent"
     return None
 
 

