@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Links the bertserve ops into a TensorFlow Serving source tree, the way g3doc/custom_op.md describes:
-#   - WORKSPACE gains local repositories @bertserve (this checkout) and @bertserve_tensorflow
-#     (third_party/tf/serving: maps the ops' TensorFlow dependency onto @org_tensorflow);
+#   - WORKSPACE gains local repositories @bertserve (this checkout), @bertserve_tensorflow
+#     (third_party/serving/tensorflow: the ops' TensorFlow dependency mapped onto @org_tensorflow) and
+#     @bertserve_blas (third_party/serving/blas: the system OpenBLAS, libopenblas-dev);
 #   - tensorflow_serving/model_servers/BUILD gets @bertserve//custom_ops:bert_ops, a cc_library(alwayslink = 1),
 #     added to SUPPORTED_TENSORFLOW_OPS, which server_lib (and so tensorflow_model_server) links.
 # Idempotent. Usage: add_bertserve_ops.sh <tensorflow-serving-source-dir> [<bertserve-checkout>]
@@ -18,8 +19,8 @@ ops_label="@bertserve//custom_ops:bert_ops"
 
 [[ -f "$workspace" ]] || die "$workspace not found: is $serving a tensorflow/serving checkout?"
 [[ -f "$servers_build" ]] || die "$servers_build not found: is $serving a tensorflow/serving checkout?"
-[[ -f "$bertserve/custom_ops/BUILD" && -f "$bertserve/third_party/tf/serving/BUILD" ]] ||
-  die "$bertserve is not a bertserve checkout (custom_ops/BUILD, third_party/tf/serving/BUILD)"
+[[ -f "$bertserve/custom_ops/BUILD" && -d "$bertserve/third_party/serving" ]] ||
+  die "$bertserve is not a bertserve checkout (custom_ops/BUILD, third_party/serving/)"
 [[ -f "$bertserve/WORKSPACE" ]] || die "$bertserve/WORKSPACE missing (local_repository needs it)"
 grep -q '^SUPPORTED_TENSORFLOW_OPS = ' "$servers_build" ||
   die "no 'SUPPORTED_TENSORFLOW_OPS = ' line in $servers_build: this TF Serving version links custom ops differently"
@@ -35,7 +36,12 @@ local_repository(
 
 local_repository(
     name = "bertserve_tensorflow",
-    path = "$bertserve/third_party/tf/serving",
+    path = "$bertserve/third_party/serving/tensorflow",
+)
+
+local_repository(
+    name = "bertserve_blas",
+    path = "$bertserve/third_party/serving/blas",
 )
 WORKSPACE
 fi

@@ -58,7 +58,8 @@ def test_ops_are_linked_into_the_model_server(serving_tree: Path):
     assert build_text.replace(f'["{OPS_LABEL}"] + ', "") == SERVERS_BUILD
     workspace = (serving_tree / "WORKSPACE").read_text()
     assert f'name = "bertserve",\n    path = "{REPO}",' in workspace
-    assert f'name = "bertserve_tensorflow",\n    path = "{REPO}/third_party/tf/serving",' in workspace
+    for name in ("tensorflow", "blas"):
+        assert f'name = "bertserve_{name}",\n    path = "{REPO}/third_party/serving/{name}",' in workspace
 
 
 def test_running_twice_changes_nothing(serving_tree: Path):
