@@ -9,6 +9,8 @@ Checkpoint layout (`out_dir/`):
                              per BertWeights array under `weights/<name>` (TensorFlow [in, out] kernels, per-layer
                              arrays stacked on a leading layer axis, q/k/v apart), plus `step`. Optimizer slots
                              are not saved: the directory is an export source, not a resumable run.
+    vocab.txt, tokenizer_config.json   (when train_ranker is given vocab_file) the tokenizer the pairs were
+                             made with, found there by `bertserve export` like in a Hugging Face directory.
 `bertserve export out_dir OUT_BASE ...` exports it in one command.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from typing import Mapping
 
@@ -59,11 +62,13 @@ def _loss(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
 
 def train_ranker(init: BertWeights, train: Mapping[str, np.ndarray], *, out_dir: str, steps: int | None = None,
                  max_seconds: float | None = None, learning_rate: float = 3e-5, batch_size: int = 16,
-                 seed: int = 0, dropout_rate: float = 0.1, clip_norm: float = 1.0, progress: bool = True) -> str:
+                 seed: int = 0, dropout_rate: float = 0.1, clip_norm: float = 1.0, progress: bool = True,
+                 vocab_file: str | None = None, do_lower_case: bool = True) -> str:
     """Fine-tunes all weights with Adam for `steps` steps and/or `max_seconds` (whichever ends first).
 
     train: int arrays input_ids/input_mask/segment_ids [rows, seq] and labels [rows] in {0, 1}. Each batch is cut
-    to its longest real row, so short pairs train fast. Returns out_dir (see the module docstring for its layout).
+    to its longest real row, so short pairs train fast. vocab_file/do_lower_case: the tokenizer that made the
+    pairs, saved beside the checkpoint for the export. Returns out_dir (see the module docstring for its layout).
     """
     if steps is None and max_seconds is None:
         raise ValueError("give steps, max_seconds or both")
@@ -111,4 +116,8 @@ def train_ranker(init: BertWeights, train: Mapping[str, np.ndarray], *, out_dir:
     with open(os.path.join(out_dir, TRAINING_CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump({"format": CHECKPOINT_FORMAT, "config": dataclasses.asdict(config), "step": step,
                    "train_rows": rows}, f, indent=2)
+    if vocab_file is not None:
+        shutil.copyfile(vocab_file, os.path.join(out_dir, "vocab.txt"))
+        with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"do_lower_case": do_lower_case}, f)
     return out_dir
