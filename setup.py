@@ -23,6 +23,20 @@ def op_sources() -> list[str]:
     return [f for f in files if not f.endswith(".cu.cc") and not f.endswith("_test.cc")]
 
 
+def blas_flags() -> tuple[list[str], list[str]]:
+    """Compile and link flags for OpenBLAS from the scipy-openblas32 wheel (DYNAMIC_ARCH: picks its kernels for the
+    CPU at run time). Its symbols carry the prefix `scipy_` (BLAS_SYMBOL_PREFIX); the rpath lets the op library
+    find it wherever the wheel is installed. The Bazel build uses the same flags (see custom_ops/README.md)."""
+    try:
+        import scipy_openblas32
+    except ImportError as e:
+        raise SystemExit("building the ops needs OpenBLAS: pip install scipy-openblas32") from e
+    lib_dir = scipy_openblas32.get_lib_dir()
+    compile_flags = ["-I", scipy_openblas32.get_include_dir(), "-DBLAS_SYMBOL_PREFIX=scipy_"]
+    link_flags = ["-L", lib_dir, f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{lib_dir}"]
+    return compile_flags, link_flags
+
+
 class TensorFlowOpBuild(build_ext):
     """Compiles an Extension as a TF op library: tf.sysconfig flags, no Python C-API."""
 
@@ -32,12 +46,13 @@ class TensorFlowOpBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         import tensorflow as tf  # needs --no-build-isolation: the op is built against the installed TF
 
+        blas_compile, blas_link = blas_flags()
         out = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         cmd = [
             os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O3", "-DNDEBUG",
-            "-fvisibility=hidden", *tf.sysconfig.get_compile_flags(), "-I", HERE,
-            *ext.sources, "-o", out, *tf.sysconfig.get_link_flags(), *ext.extra_link_args,
+            "-fvisibility=hidden", *tf.sysconfig.get_compile_flags(), *blas_compile, "-I", HERE,
+            *ext.sources, "-o", out, *tf.sysconfig.get_link_flags(), *blas_link,
         ]
         print(" ".join(cmd))
         subprocess.check_call(cmd)

@@ -1,0 +1,84 @@
+"""Python side of the fused BERT encoder ops (contract: custom_ops/README.md).
+
+The op library `_bert_ops.so` next to this file (or the one named by $BERTSERVE_OPS_LIBRARY) is loaded on first
+use, so importing the package stays cheap; call `load_op_library()` before loading a SavedModel that uses the ops
+(loading registers them with TensorFlow, once per process).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import types
+import warnings
+
+LIBRARY_ENV = "BERTSERVE_OPS_LIBRARY"
+LIBRARY_FILE = "_bert_ops.so"
+# The TensorFlow minor version the library is built against (pyproject.toml pins it); the C++ ABI of custom ops
+# is only stable within one TensorFlow release.
+SUPPORTED_TF_VERSION = "2.21"
+
+# BertEncoder's 12 stacked weight inputs, in input order (each has a leading layer axis).
+ENCODER_WEIGHT_NAMES = (
+    "qkv_kernel", "qkv_bias",
+    "attention_output_kernel", "attention_output_bias", "attention_ln_gamma", "attention_ln_beta",
+    "intermediate_kernel", "intermediate_bias",
+    "output_kernel", "output_bias", "output_ln_gamma", "output_ln_beta",
+)
+
+
+def library_path() -> str:
+    """The op library this process loads: $BERTSERVE_OPS_LIBRARY if set, else the one built next to this file."""
+    return os.environ.get(LIBRARY_ENV) or os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_FILE)
+
+
+@functools.cache
+def load_op_library() -> types.ModuleType:
+    """Loads (once) and returns the op library; raises FileNotFoundError naming the path and how to build it."""
+    import tensorflow as tf
+
+    path = library_path()
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"fused BERT op library not found at {path}: build it with `make ops` "
+                                f"(or `python setup.py build_ext --inplace`), or set ${LIBRARY_ENV}")
+    if not tf.__version__.startswith(SUPPORTED_TF_VERSION + "."):
+        warnings.warn(f"bertserve ops are built for TensorFlow {SUPPORTED_TF_VERSION}.x but TensorFlow "
+                      f"{tf.__version__} is running; rebuild them against it if loading fails", stacklevel=2)
+    return tf.load_op_library(path)
+
+
+def bert_embedding(input_ids, segment_ids, input_mask, word_embeddings, position_embeddings, token_type_embeddings,
+                   layer_norm_gamma, layer_norm_beta, layer_norm_epsilon: float = 1e-12):
+    """Word + position + token-type lookup and LayerNorm -> (hidden [N, H] packed, cu_seqlens [B + 1])."""
+    return load_op_library().bert_embedding(
+        input_ids=input_ids, segment_ids=segment_ids, input_mask=input_mask, word_embeddings=word_embeddings,
+        position_embeddings=position_embeddings, token_type_embeddings=token_type_embeddings,
+        layer_norm_gamma=layer_norm_gamma, layer_norm_beta=layer_norm_beta, layer_norm_epsilon=layer_norm_epsilon)
+
+
+def bert_encoder(hidden, cu_seqlens, *, qkv_kernel, qkv_bias, attention_output_kernel, attention_output_bias,
+                 attention_ln_gamma, attention_ln_beta, intermediate_kernel, intermediate_bias, output_kernel,
+                 output_bias, output_ln_gamma, output_ln_beta, num_heads: int, layer_norm_epsilon: float = 1e-12):
+    """A stack of L BERT layers on packed tokens (weights stacked on a leading layer axis) -> [N, H]."""
+    return load_op_library().bert_encoder(
+        hidden=hidden, cu_seqlens=cu_seqlens, qkv_kernel=qkv_kernel, qkv_bias=qkv_bias,
+        attention_output_kernel=attention_output_kernel, attention_output_bias=attention_output_bias,
+        attention_ln_gamma=attention_ln_gamma, attention_ln_beta=attention_ln_beta,
+        intermediate_kernel=intermediate_kernel, intermediate_bias=intermediate_bias, output_kernel=output_kernel,
+        output_bias=output_bias, output_ln_gamma=output_ln_gamma, output_ln_beta=output_ln_beta,
+        num_heads=num_heads, layer_norm_epsilon=layer_norm_epsilon)
+
+
+def bert_remove_padding(input, input_mask):  # noqa: A002 (the op's input name)
+    """[B, S, H] -> (packed [N, H], cu_seqlens [B + 1])."""
+    return load_op_library().bert_remove_padding(input=input, input_mask=input_mask)
+
+
+def bert_rebuild_padding(input, input_mask):  # noqa: A002
+    """Packed [N, H] -> [B, S, H], zeros on padded positions."""
+    return load_op_library().bert_rebuild_padding(input=input, input_mask=input_mask)
+
+
+def bert_gather_first_token(input, cu_seqlens):  # noqa: A002
+    """First real token of each row -> [B, H]; zeros for a row with no real token."""
+    return load_op_library().bert_gather_first_token(input=input, cu_seqlens=cu_seqlens)

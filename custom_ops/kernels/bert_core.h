@@ -75,29 +75,42 @@ std::string CuSeqlensFromMask(const int32_t* mask, int64_t batch, int64_t seq, i
 // Checks cu_seqlens starts at 0, never decreases and ends at num_tokens.
 std::string CheckCuSeqlens(const int32_t* cu_seqlens, int64_t batch, int64_t num_tokens);
 
+// Longest row of a valid cu_seqlens.
+int64_t MaxSeqlen(const int32_t* cu_seqlens, int64_t batch);
+
 // Checks ids (and segment ids) of real positions only; padded positions are never read.
 std::string CheckTokenIds(const int32_t* input_ids, const int32_t* segment_ids, const int32_t* cu_seqlens,
                           int64_t batch, int64_t seq, int64_t vocab_size, int64_t type_vocab_size);
 
+// Checks the attrs of an encoder stack (positive sizes, hidden divisible by num_heads).
+std::string CheckEncoderDims(const EncoderDims& dims);
+
 namespace cpu {
 
-// Runs fn(begin, end) over [0, n) in parallel chunks; cost_per_unit is a rough cycle count per item. The TF
-// wrapper passes TensorFlow's intra-op thread pool; tests and tools may pass a serial loop.
+// Runs fn(begin, end) over [0, n) in parallel chunks; cost_per_unit is a rough cycle count per item.
 using ParallelFor =
     std::function<void(int64_t n, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn)>;
 
-// Bytes of scratch memory BertEncoder needs for a batch of num_tokens tokens and max_seqlen.
-int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t num_tokens, int64_t max_seqlen);
+// The threads the CPU backend may use: the TF wrapper passes TensorFlow's intra-op pool; tests and tools may
+// pass a serial loop with num_threads = 1. GEMMs are split into about num_threads shards.
+struct ThreadPool {
+  int num_threads = 1;
+  ParallelFor parallel_for;
+};
+
+// Bytes of scratch memory Encoder<T> needs for a batch of num_tokens tokens.
+template <typename T>
+int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t num_tokens);
 
 // T is float or fp16 (computed in float). All pointers are host memory.
 template <typename T>
 void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
-               const PackedBatch& batch, T* hidden_out, const ParallelFor& parallel_for);
+               const PackedBatch& batch, T* hidden_out, const ThreadPool& pool);
 
-// In place over hidden [num_tokens, H]; workspace holds EncoderWorkspaceBytes.
+// In place over hidden [num_tokens, H]; workspace holds EncoderWorkspaceBytes<T> bytes, 64-byte aligned.
 template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
-             void* workspace, const ParallelFor& parallel_for);
+             void* workspace, const ThreadPool& pool);
 
 template <typename T>
 void RemovePadding(const T* padded, int64_t seq, int64_t hidden, const PackedBatch& batch, T* packed);
@@ -114,10 +127,14 @@ namespace cuda {
 
 // Same operations on device memory, enqueued on `stream` (a cudaStream_t), never synchronising with the host.
 // Scratch memory comes from the caller (TF's allocator in the op; the harness's own buffer), sized by
-// EncoderWorkspaceBytes; `gemm` carries the cuBLASLt handle and tuned algorithms (see kernels/cuda/).
+// EncoderWorkspaceBytes; `gemm` carries the cuBLASLt handle and tuned algorithms (kernels/cuda/gemm.h).
+// T is float or fp16 (Tensor Cores, fp32 accumulation). batch.cu_seqlens_device is read by the kernels;
+// batch.num_tokens may exceed cu_seqlens[batch] (a CUDA graph captured for a token-count bucket): rows past the
+// real tokens are scratch, computed but never read into a real row. Failures throw std::runtime_error.
 struct GemmContext;
 
-int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens, int64_t max_batch);
+template <typename T>
+int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens);
 
 template <typename T>
 void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,

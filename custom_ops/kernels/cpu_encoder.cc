@@ -1,0 +1,210 @@
+// CPU encoder stack on packed tokens: per layer three GEMM phases (QKV, attention output, FFN) through
+// ParallelGemm, attention per (sequence, head) over the real length only, and fused row epilogues.
+// half is computed in float: activations and one layer's weights are widened into the workspace.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "custom_ops/kernels/bert_core.h"
+#include "custom_ops/kernels/cpu_gemm.h"
+#include "custom_ops/kernels/cpu_math.h"
+
+namespace bertserve {
+namespace cpu {
+namespace {
+
+constexpr int64_t kAlignFloats = 16;  // 64-byte alignment of every workspace region
+
+int64_t Aligned(int64_t floats) { return (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
+
+// Float regions of the per-layer scratch. The FFN intermediate reuses the QKV + context region (both are dead
+// by then), so the workspace is N * (max(4H, I) + H) floats.
+struct LayerScratch {
+  float* qkv;           // [N, 3H]
+  float* context;       // [N, H], right after qkv
+  float* intermediate;  // [N, I], aliases qkv + context
+  float* projection;    // [N, H]: output of the attention-output and FFN-output GEMMs before their epilogue
+};
+
+int64_t LayerScratchFloats(const EncoderDims& d, int64_t n) {
+  return Aligned(n * std::max(4 * d.hidden, d.intermediate)) + Aligned(n * d.hidden);
+}
+
+LayerScratch CarveLayerScratch(const EncoderDims& d, int64_t n, float* base) {
+  LayerScratch s;
+  s.qkv = base;
+  s.context = base + n * 3 * d.hidden;
+  s.intermediate = base;
+  s.projection = base + Aligned(n * std::max(4 * d.hidden, d.intermediate));
+  return s;
+}
+
+// Sizes of one layer's slice of each stacked weight, in EncoderWeights order.
+struct LayerSizes {
+  int64_t qkv_kernel, qkv_bias, hh, h, intermediate_kernel, intermediate_bias;
+  explicit LayerSizes(const EncoderDims& d)
+      : qkv_kernel(3 * d.hidden * d.hidden),
+        qkv_bias(3 * d.hidden),
+        hh(d.hidden * d.hidden),
+        h(d.hidden),
+        intermediate_kernel(d.hidden * d.intermediate),
+        intermediate_bias(d.intermediate) {}
+  int64_t TotalFloats() const {
+    return Aligned(qkv_kernel) + Aligned(qkv_bias) + Aligned(hh) + 6 * Aligned(h) + 2 * Aligned(intermediate_kernel) +
+           Aligned(intermediate_bias);
+  }
+};
+
+template <typename T>
+EncoderWeights<T> LayerSlice(const EncoderWeights<T>& w, const LayerSizes& z, int64_t layer) {
+  EncoderWeights<T> s;
+  s.qkv_kernel = w.qkv_kernel + layer * z.qkv_kernel;
+  s.qkv_bias = w.qkv_bias + layer * z.qkv_bias;
+  s.attention_output_kernel = w.attention_output_kernel + layer * z.hh;
+  s.attention_output_bias = w.attention_output_bias + layer * z.h;
+  s.attention_ln_gamma = w.attention_ln_gamma + layer * z.h;
+  s.attention_ln_beta = w.attention_ln_beta + layer * z.h;
+  s.intermediate_kernel = w.intermediate_kernel + layer * z.intermediate_kernel;
+  s.intermediate_bias = w.intermediate_bias + layer * z.intermediate_bias;
+  s.output_kernel = w.output_kernel + layer * z.intermediate_kernel;
+  s.output_bias = w.output_bias + layer * z.h;
+  s.output_ln_gamma = w.output_ln_gamma + layer * z.h;
+  s.output_ln_beta = w.output_ln_beta + layer * z.h;
+  return s;
+}
+
+void ParallelRows(const ThreadPool& pool, int64_t rows, int64_t cost_per_row,
+                  const std::function<void(int64_t)>& row_fn) {
+  pool.parallel_for(rows, cost_per_row, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) row_fn(r);
+  });
+}
+
+// Converts n elements between half and float in parallel chunks (convert is HalfToFloat or FloatToHalf).
+template <typename In, typename Out>
+void ParallelConvert(const ThreadPool& pool, void (*convert)(const In*, Out*, int64_t), const In* in, int64_t n,
+                     Out* out) {
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  ParallelRows(pool, chunks, 4 * kChunk, [&](int64_t c) {
+    const int64_t begin = c * kChunk;
+    convert(in + begin, out + begin, std::min(kChunk, n - begin));
+  });
+}
+
+// Widens one layer's half weights into `out` (LayerSizes::TotalFloats floats) and returns float views of them.
+EncoderWeights<float> WidenLayer(const ThreadPool& pool, const EncoderWeights<fp16>& w, const LayerSizes& z,
+                                 float* out) {
+  EncoderWeights<float> f;
+  auto widen = [&](const fp16* src, int64_t n, const float** dst) {
+    ParallelConvert(pool, HalfToFloat, src, n, out);
+    *dst = out;
+    out += Aligned(n);
+  };
+  widen(w.qkv_kernel, z.qkv_kernel, &f.qkv_kernel);
+  widen(w.qkv_bias, z.qkv_bias, &f.qkv_bias);
+  widen(w.attention_output_kernel, z.hh, &f.attention_output_kernel);
+  widen(w.attention_output_bias, z.h, &f.attention_output_bias);
+  widen(w.attention_ln_gamma, z.h, &f.attention_ln_gamma);
+  widen(w.attention_ln_beta, z.h, &f.attention_ln_beta);
+  widen(w.intermediate_kernel, z.intermediate_kernel, &f.intermediate_kernel);
+  widen(w.intermediate_bias, z.intermediate_bias, &f.intermediate_bias);
+  widen(w.output_kernel, z.intermediate_kernel, &f.output_kernel);
+  widen(w.output_bias, z.h, &f.output_bias);
+  widen(w.output_ln_gamma, z.h, &f.output_ln_gamma);
+  widen(w.output_ln_beta, z.h, &f.output_ln_beta);
+  return f;
+}
+
+void SelfAttention(const EncoderDims& d, const PackedBatch& batch, const float* qkv, float* context,
+                   const ThreadPool& pool) {
+  const int64_t hidden = d.hidden, head_size = d.head_size(), heads = d.num_heads;
+  const int64_t max_len = batch.max_seqlen;
+  const int64_t cost = std::max<int64_t>(1, 4 * max_len * max_len * head_size);
+  pool.parallel_for(batch.batch * heads, cost, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(std::max<size_t>(scratch.size(), AttentionScratchFloats(max_len, head_size)));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / heads, h = task % heads;
+      const int64_t first = batch.cu_seqlens_host[b];
+      const int64_t len = batch.cu_seqlens_host[b + 1] - first;
+      if (len == 0) continue;
+      const float* q = qkv + first * 3 * hidden + h * head_size;
+      AttentionHead(q, q + hidden, q + 2 * hidden, 3 * hidden, len, head_size, scratch.data(),
+                    context + first * hidden + h * head_size, hidden);
+    }
+  });
+}
+
+// One post-LN BERT layer in place on x [N, H].
+void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const PackedBatch& batch, float* x,
+                  const LayerScratch& s, const ThreadPool& pool) {
+  const int64_t n = batch.num_tokens, hidden = d.hidden, inter = d.intermediate;
+  const float eps = d.layer_norm_epsilon;
+
+  ParallelGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, s.qkv, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < n; ++r) AddBias(w.qkv_bias + c0, c1 - c0, s.qkv + r * 3 * hidden + c0);
+  });
+  SelfAttention(d, batch, s.qkv, s.context, pool);
+
+  ParallelGemm(pool, n, hidden, hidden, s.context, w.attention_output_kernel, s.projection, {});
+  ParallelRows(pool, n, 10 * hidden, [&](int64_t r) {
+    AddBiasResidualLayerNorm(s.projection + r * hidden, w.attention_output_bias, w.attention_ln_gamma,
+                             w.attention_ln_beta, hidden, eps, x + r * hidden);
+  });
+
+  ParallelGemm(pool, n, inter, hidden, x, w.intermediate_kernel, s.intermediate, [&](int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < n; ++r) AddBiasGelu(w.intermediate_bias + c0, c1 - c0, s.intermediate + r * inter + c0);
+  });
+  ParallelGemm(pool, n, hidden, inter, s.intermediate, w.output_kernel, s.projection, {});
+  ParallelRows(pool, n, 10 * hidden, [&](int64_t r) {
+    AddBiasResidualLayerNorm(s.projection + r * hidden, w.output_bias, w.output_ln_gamma, w.output_ln_beta, hidden,
+                             eps, x + r * hidden);
+  });
+}
+
+}  // namespace
+
+template <>
+int64_t EncoderWorkspaceBytes<float>(const EncoderDims& dims, int64_t num_tokens) {
+  return LayerScratchFloats(dims, num_tokens) * static_cast<int64_t>(sizeof(float));
+}
+
+template <>
+int64_t EncoderWorkspaceBytes<fp16>(const EncoderDims& dims, int64_t num_tokens) {
+  const int64_t floats = LayerScratchFloats(dims, num_tokens) + Aligned(num_tokens * dims.hidden) +
+                         LayerSizes(dims).TotalFloats();
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+template <>
+void Encoder<float>(const EncoderDims& dims, const EncoderWeights<float>& w, const PackedBatch& batch, float* hidden,
+                    void* workspace, const ThreadPool& pool) {
+  if (batch.num_tokens == 0) return;
+  const LayerSizes sizes(dims);
+  const LayerScratch scratch = CarveLayerScratch(dims, batch.num_tokens, static_cast<float*>(workspace));
+  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+    EncoderLayer(dims, LayerSlice(w, sizes, layer), batch, hidden, scratch, pool);
+  }
+}
+
+template <>
+void Encoder<fp16>(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch, fp16* hidden,
+                   void* workspace, const ThreadPool& pool) {
+  if (batch.num_tokens == 0) return;
+  const LayerSizes sizes(dims);
+  float* base = static_cast<float*>(workspace);
+  const LayerScratch scratch = CarveLayerScratch(dims, batch.num_tokens, base);
+  float* x = base + LayerScratchFloats(dims, batch.num_tokens);
+  float* layer_weights = x + Aligned(batch.num_tokens * dims.hidden);
+  const int64_t elements = batch.num_tokens * dims.hidden;
+  ParallelConvert(pool, HalfToFloat, static_cast<const fp16*>(hidden), elements, x);
+  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+    const EncoderWeights<float> wf = WidenLayer(pool, LayerSlice(w, sizes, layer), sizes, layer_weights);
+    EncoderLayer(dims, wf, batch, x, scratch, pool);
+  }
+  ParallelConvert(pool, FloatToHalf, static_cast<const float*>(x), elements, hidden);
+}
+
+}  // namespace cpu
+}  // namespace bertserve

@@ -1,0 +1,39 @@
+// Row kernels of the CPU backend, in float. Each is compiled for AVX-512, AVX2+FMA and baseline x86-64 and picks
+// the best at load time (target_clones), so the library runs on any x86-64 CPU and uses wide vectors where present.
+#ifndef BERTSERVE_KERNELS_CPU_MATH_H_
+#define BERTSERVE_KERNELS_CPU_MATH_H_
+
+#include <cstdint>
+
+#include "custom_ops/kernels/bert_core.h"
+
+namespace bertserve {
+namespace cpu {
+
+void HalfToFloat(const fp16* in, float* out, int64_t n);
+void FloatToHalf(const float* in, fp16* out, int64_t n);
+
+// out = LayerNorm(a + b + c): the embedding sum of one token.
+void SumLayerNorm(const float* a, const float* b, const float* c, const float* gamma, const float* beta, int64_t n,
+                  float epsilon, float* out);
+
+// x = LayerNorm(y + bias + x): a sublayer's output projection, residual and norm, in place on the residual row.
+void AddBiasResidualLayerNorm(const float* y, const float* bias, const float* gamma, const float* beta, int64_t n,
+                              float epsilon, float* x);
+
+void AddBias(const float* bias, int64_t n, float* x);
+
+// x = gelu(x + bias), erf form.
+void AddBiasGelu(const float* bias, int64_t n, float* x);
+
+// Scaled dot-product attention of one head of one sequence: q, k, v are [len, head_size] row blocks with row
+// stride ld (views into the fused QKV output); writes [len, head_size] with row stride ld_out.
+// scratch holds AttentionScratchFloats(len, head_size) floats.
+int64_t AttentionScratchFloats(int64_t len, int64_t head_size);
+void AttentionHead(const float* q, const float* k, const float* v, int64_t ld, int64_t len, int64_t head_size,
+                   float* scratch, float* out, int64_t ld_out);
+
+}  // namespace cpu
+}  // namespace bertserve
+
+#endif  // BERTSERVE_KERNELS_CPU_MATH_H_

@@ -1,0 +1,172 @@
+// CPU OpKernels of the fused BERT ops: validate (bert_op_inputs), allocate through TensorFlow, call the CPU core
+// on TensorFlow's intra-op thread pool.
+#include "custom_ops/kernels/bert_core.h"
+#include "custom_ops/tf/bert_op_inputs.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace bertserve {
+namespace tf {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+
+cpu::ThreadPool IntraOpPool(OpKernelContext* ctx) {
+  tensorflow::thread::ThreadPool* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  cpu::ThreadPool pool;
+  pool.num_threads = workers->NumThreads();
+  pool.parallel_for = [workers](int64_t n, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
+    workers->ParallelFor(n, cost_per_unit, fn);
+  };
+  return pool;
+}
+
+template <typename T>
+class BertEmbeddingOp : public OpKernel {
+ public:
+  explicit BertEmbeddingOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    OP_REQUIRES(ctx, ids.dims() == 2,
+                tensorflow::errors::InvalidArgument("input_ids must be [batch, seq], got ", ids.shape().DebugString()));
+    Tensor* cu_seqlens = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ids.dim_size(0) + 1}), &cu_seqlens));
+    PackedBatch batch;
+    EmbeddingWeights<CoreType<T>> weights;
+    OP_REQUIRES_OK(ctx, ReadEmbeddingInputs<T>(ctx, epsilon_, cu_seqlens->flat<int32_t>().data(), &batch, &weights));
+    Tensor* hidden = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch.num_tokens, weights.hidden}), &hidden));
+    cpu::Embedding(weights, ids.flat<int32_t>().data(), ctx->input(1).flat<int32_t>().data(), ids.dim_size(1), batch,
+                   CoreData<T>(hidden), IntraOpPool(ctx));
+  }
+
+ private:
+  float epsilon_;
+};
+
+template <typename T>
+class BertEncoderOp : public OpKernel {
+ public:
+  explicit BertEncoderOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_heads", &num_heads_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    EncoderDims dims;
+    EncoderWeights<CoreType<T>> weights;
+    OP_REQUIRES_OK(ctx, ReadEncoderInputs<T>(ctx, num_heads_, epsilon_, &dims, &weights));
+    const Tensor& hidden = ctx->input(0);
+    PackedBatch batch;
+    OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), hidden.dim_size(0), &batch));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, hidden.shape(), &output));
+    if (output->data() != hidden.data()) {
+      std::copy_n(hidden.flat<T>().data(), hidden.NumElements(), output->flat<T>().data());
+    }
+    const int64_t bytes = cpu::EncoderWorkspaceBytes<CoreType<T>>(dims, batch.num_tokens);
+    Tensor workspace;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({bytes / 4}), &workspace));
+    cpu::Encoder(dims, weights, batch, CoreData<T>(output), workspace.flat<float>().data(), IntraOpPool(ctx));
+  }
+
+ private:
+  int64_t num_heads_;
+  float epsilon_;
+};
+
+template <typename T>
+class BertRemovePaddingOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& mask = ctx->input(1);
+    OP_REQUIRES(ctx, input.dims() == 3,
+                tensorflow::errors::InvalidArgument("input must be [batch, seq, hidden], got ",
+                                                    input.shape().DebugString()));
+    const int64_t b = input.dim_size(0), s = input.dim_size(1), h = input.dim_size(2);
+    OP_REQUIRES_OK(ctx, CheckShape("input_mask", mask, {b, s}));
+    Tensor* cu_seqlens = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({b + 1}), &cu_seqlens));
+    PackedBatch batch;
+    OP_REQUIRES_OK(ctx, PackFromMask(mask, cu_seqlens->flat<int32_t>().data(), &batch));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch.num_tokens, h}), &output));
+    cpu::RemovePadding(CoreData<T>(input), s, h, batch, CoreData<T>(output));
+  }
+};
+
+template <typename T>
+class BertRebuildPaddingOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& mask = ctx->input(1);
+    OP_REQUIRES(ctx, input.dims() == 2,
+                tensorflow::errors::InvalidArgument("input must be [tokens, hidden], got ",
+                                                    input.shape().DebugString()));
+    OP_REQUIRES(ctx, mask.dims() == 2,
+                tensorflow::errors::InvalidArgument("input_mask must be [batch, seq], got ",
+                                                    mask.shape().DebugString()));
+    const int64_t b = mask.dim_size(0), s = mask.dim_size(1), h = input.dim_size(1);
+    Tensor cu_seqlens;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT32, TensorShape({b + 1}), &cu_seqlens));
+    PackedBatch batch;
+    OP_REQUIRES_OK(ctx, PackFromMask(mask, cu_seqlens.flat<int32_t>().data(), &batch));
+    OP_REQUIRES(ctx, batch.num_tokens == input.dim_size(0),
+                tensorflow::errors::InvalidArgument("input has ", input.dim_size(0),
+                                                    " packed tokens but input_mask has ", batch.num_tokens,
+                                                    " real positions"));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, s, h}), &output));
+    cpu::RebuildPadding(CoreData<T>(input), s, h, batch, CoreData<T>(output));
+  }
+};
+
+template <typename T>
+class BertGatherFirstTokenOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    OP_REQUIRES(ctx, input.dims() == 2,
+                tensorflow::errors::InvalidArgument("input must be [tokens, hidden], got ",
+                                                    input.shape().DebugString()));
+    PackedBatch batch;
+    OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), input.dim_size(0), &batch));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch.batch, input.dim_size(1)}), &output));
+    cpu::GatherFirstToken(CoreData<T>(input), input.dim_size(1), batch, CoreData<T>(output));
+  }
+};
+
+#define BERTSERVE_REGISTER_CPU(T)                                                                                   \
+  REGISTER_KERNEL_BUILDER(Name("BertEmbedding").Device(DEVICE_CPU).TypeConstraint<T>("T"), BertEmbeddingOp<T>);     \
+  REGISTER_KERNEL_BUILDER(Name("BertEncoder").Device(DEVICE_CPU).TypeConstraint<T>("T"), BertEncoderOp<T>);         \
+  REGISTER_KERNEL_BUILDER(Name("BertRemovePadding").Device(DEVICE_CPU).TypeConstraint<T>("T"),                      \
+                          BertRemovePaddingOp<T>);                                                                  \
+  REGISTER_KERNEL_BUILDER(Name("BertRebuildPadding").Device(DEVICE_CPU).TypeConstraint<T>("T"),                     \
+                          BertRebuildPaddingOp<T>);                                                                 \
+  REGISTER_KERNEL_BUILDER(Name("BertGatherFirstToken").Device(DEVICE_CPU).TypeConstraint<T>("T"),                   \
+                          BertGatherFirstTokenOp<T>);
+BERTSERVE_REGISTER_CPU(float)
+BERTSERVE_REGISTER_CPU(Eigen::half)
+#undef BERTSERVE_REGISTER_CPU
+
+}  // namespace
+}  // namespace tf
+}  // namespace bertserve

@@ -1,0 +1,168 @@
+#include "custom_ops/tf/bert_op_inputs.h"
+
+#include <string>
+
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace bertserve {
+namespace tf {
+
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::errors::InvalidArgument;
+
+namespace {
+
+std::string ShapeString(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (const int64_t d : dims) s += (s.size() > 1 ? "," : "") + std::to_string(d);
+  return s + "]";
+}
+
+Status FromMessage(const std::string& message) { return message.empty() ? Status() : InvalidArgument(message); }
+
+}  // namespace
+
+Status CheckShape(const char* name, const Tensor& t, std::initializer_list<int64_t> expected) {
+  bool same = t.dims() == static_cast<int>(expected.size());
+  int i = 0;
+  for (const int64_t d : expected) same = same && t.dim_size(i++) == d;
+  if (same) return Status();
+  return InvalidArgument(name, " misshapen: got ", t.shape().DebugString(), " but expected ", ShapeString(expected));
+}
+
+Status PackFromMask(const Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* batch) {
+  if (input_mask.dims() != 2) {
+    return InvalidArgument("input_mask must be [batch, seq], got ", input_mask.shape().DebugString());
+  }
+  const int64_t b = input_mask.dim_size(0), s = input_mask.dim_size(1);
+  TF_RETURN_IF_ERROR(FromMessage(CuSeqlensFromMask(input_mask.flat<int32_t>().data(), b, s, cu_seqlens)));
+  batch->batch = b;
+  batch->num_tokens = cu_seqlens[b];
+  batch->max_seqlen = MaxSeqlen(cu_seqlens, b);
+  batch->cu_seqlens_host = cu_seqlens;
+  return Status();
+}
+
+Status PackFromCuSeqlens(const Tensor& cu_seqlens, int64_t num_tokens, PackedBatch* batch) {
+  if (cu_seqlens.dims() != 1 || cu_seqlens.dim_size(0) < 1) {
+    return InvalidArgument("cu_seqlens must be [batch + 1], got ", cu_seqlens.shape().DebugString());
+  }
+  const int64_t b = cu_seqlens.dim_size(0) - 1;
+  const int32_t* data = cu_seqlens.flat<int32_t>().data();
+  TF_RETURN_IF_ERROR(FromMessage(CheckCuSeqlens(data, b, num_tokens)));
+  batch->batch = b;
+  batch->num_tokens = num_tokens;
+  batch->max_seqlen = MaxSeqlen(data, b);
+  batch->cu_seqlens_host = data;
+  return Status();
+}
+
+template <typename T>
+Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_epsilon, int32_t* cu_seqlens,
+                           PackedBatch* batch, EmbeddingWeights<CoreType<T>>* weights) {
+  const Tensor& ids = ctx->input(0);
+  const Tensor& segments = ctx->input(1);
+  const Tensor& mask = ctx->input(2);
+  const Tensor& word = ctx->input(3);
+  const Tensor& position = ctx->input(4);
+  const Tensor& token_type = ctx->input(5);
+  if (ids.dims() != 2) return InvalidArgument("input_ids must be [batch, seq], got ", ids.shape().DebugString());
+  const int64_t b = ids.dim_size(0), s = ids.dim_size(1);
+  TF_RETURN_IF_ERROR(CheckShape("segment_ids", segments, {b, s}));
+  TF_RETURN_IF_ERROR(CheckShape("input_mask", mask, {b, s}));
+  if (word.dims() != 2) {
+    return InvalidArgument("word_embeddings must be [vocab, hidden], got ", word.shape().DebugString());
+  }
+  const int64_t hidden = word.dim_size(1);
+  if (position.dims() != 2) {
+    return InvalidArgument("position_embeddings must be [max_positions, hidden], got ",
+                           position.shape().DebugString());
+  }
+  if (token_type.dims() != 2) {
+    return InvalidArgument("token_type_embeddings must be [type_vocab, hidden], got ",
+                           token_type.shape().DebugString());
+  }
+  TF_RETURN_IF_ERROR(CheckShape("position_embeddings", position, {position.dim_size(0), hidden}));
+  TF_RETURN_IF_ERROR(CheckShape("token_type_embeddings", token_type, {token_type.dim_size(0), hidden}));
+  TF_RETURN_IF_ERROR(CheckShape("layer_norm_gamma", ctx->input(6), {hidden}));
+  TF_RETURN_IF_ERROR(CheckShape("layer_norm_beta", ctx->input(7), {hidden}));
+  if (s > position.dim_size(0)) {
+    return InvalidArgument("sequence length ", s, " exceeds the max positions of position_embeddings (",
+                           position.dim_size(0), ")");
+  }
+  TF_RETURN_IF_ERROR(PackFromMask(mask, cu_seqlens, batch));
+  TF_RETURN_IF_ERROR(FromMessage(CheckTokenIds(ids.flat<int32_t>().data(), segments.flat<int32_t>().data(),
+                                               cu_seqlens, b, s, word.dim_size(0), token_type.dim_size(0))));
+  weights->word = CoreData<T>(word);
+  weights->position = CoreData<T>(position);
+  weights->token_type = CoreData<T>(token_type);
+  weights->ln_gamma = CoreData<T>(ctx->input(6));
+  weights->ln_beta = CoreData<T>(ctx->input(7));
+  weights->vocab_size = word.dim_size(0);
+  weights->max_positions = position.dim_size(0);
+  weights->type_vocab_size = token_type.dim_size(0);
+  weights->hidden = hidden;
+  weights->layer_norm_epsilon = layer_norm_epsilon;
+  return Status();
+}
+
+template <typename T>
+Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
+                         EncoderDims* dims, EncoderWeights<CoreType<T>>* weights) {
+  const Tensor& hidden = ctx->input(0);
+  if (hidden.dims() != 2) return InvalidArgument("hidden must be [tokens, hidden], got ", hidden.shape().DebugString());
+  const Tensor& qkv_kernel = ctx->input(2);
+  const Tensor& intermediate_kernel = ctx->input(8);
+  if (qkv_kernel.dims() != 3) {
+    return InvalidArgument("qkv_kernel must be [layers, hidden, 3 * hidden], got ", qkv_kernel.shape().DebugString());
+  }
+  if (intermediate_kernel.dims() != 3) {
+    return InvalidArgument("intermediate_kernel must be [layers, hidden, intermediate], got ",
+                           intermediate_kernel.shape().DebugString());
+  }
+  const int64_t l = qkv_kernel.dim_size(0), h = hidden.dim_size(1), i = intermediate_kernel.dim_size(2);
+  dims->hidden = h;
+  dims->num_heads = num_heads;
+  dims->intermediate = i;
+  dims->num_layers = l;
+  dims->layer_norm_epsilon = layer_norm_epsilon;
+  TF_RETURN_IF_ERROR(FromMessage(CheckEncoderDims(*dims)));
+  TF_RETURN_IF_ERROR(CheckShape("qkv_kernel", qkv_kernel, {l, h, 3 * h}));
+  TF_RETURN_IF_ERROR(CheckShape("qkv_bias", ctx->input(3), {l, 3 * h}));
+  TF_RETURN_IF_ERROR(CheckShape("attention_output_kernel", ctx->input(4), {l, h, h}));
+  TF_RETURN_IF_ERROR(CheckShape("attention_output_bias", ctx->input(5), {l, h}));
+  TF_RETURN_IF_ERROR(CheckShape("attention_ln_gamma", ctx->input(6), {l, h}));
+  TF_RETURN_IF_ERROR(CheckShape("attention_ln_beta", ctx->input(7), {l, h}));
+  TF_RETURN_IF_ERROR(CheckShape("intermediate_kernel", intermediate_kernel, {l, h, i}));
+  TF_RETURN_IF_ERROR(CheckShape("intermediate_bias", ctx->input(9), {l, i}));
+  TF_RETURN_IF_ERROR(CheckShape("output_kernel", ctx->input(10), {l, i, h}));
+  TF_RETURN_IF_ERROR(CheckShape("output_bias", ctx->input(11), {l, h}));
+  TF_RETURN_IF_ERROR(CheckShape("output_ln_gamma", ctx->input(12), {l, h}));
+  TF_RETURN_IF_ERROR(CheckShape("output_ln_beta", ctx->input(13), {l, h}));
+  weights->qkv_kernel = CoreData<T>(qkv_kernel);
+  weights->qkv_bias = CoreData<T>(ctx->input(3));
+  weights->attention_output_kernel = CoreData<T>(ctx->input(4));
+  weights->attention_output_bias = CoreData<T>(ctx->input(5));
+  weights->attention_ln_gamma = CoreData<T>(ctx->input(6));
+  weights->attention_ln_beta = CoreData<T>(ctx->input(7));
+  weights->intermediate_kernel = CoreData<T>(intermediate_kernel);
+  weights->intermediate_bias = CoreData<T>(ctx->input(9));
+  weights->output_kernel = CoreData<T>(ctx->input(10));
+  weights->output_bias = CoreData<T>(ctx->input(11));
+  weights->output_ln_gamma = CoreData<T>(ctx->input(12));
+  weights->output_ln_beta = CoreData<T>(ctx->input(13));
+  return Status();
+}
+
+#define BERTSERVE_INSTANTIATE(T)                                                                          \
+  template Status ReadEmbeddingInputs<T>(tensorflow::OpKernelContext*, float, int32_t*, PackedBatch*,    \
+                                         EmbeddingWeights<CoreType<T>>*);                                \
+  template Status ReadEncoderInputs<T>(tensorflow::OpKernelContext*, int64_t, float, EncoderDims*,       \
+                                       EncoderWeights<CoreType<T>>*);
+BERTSERVE_INSTANTIATE(float)
+BERTSERVE_INSTANTIATE(Eigen::half)
+#undef BERTSERVE_INSTANTIATE
+
+}  // namespace tf
+}  // namespace bertserve

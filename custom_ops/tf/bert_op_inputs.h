@@ -1,0 +1,61 @@
+// Input reading and validation shared by the CPU and GPU OpKernels of the fused BERT ops. Every check returns a
+// Status naming the input, what came and what was expected; kernels raise it once with OP_REQUIRES_OK.
+#ifndef BERTSERVE_TF_BERT_OP_INPUTS_H_
+#define BERTSERVE_TF_BERT_OP_INPUTS_H_
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "custom_ops/kernels/bert_core.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace bertserve {
+namespace tf {
+
+// TF element type -> core element type (Eigen::half and fp16 share a layout).
+template <typename T>
+struct CoreTypeOf {
+  using type = T;
+};
+template <>
+struct CoreTypeOf<Eigen::half> {
+  using type = fp16;
+};
+template <typename T>
+using CoreType = typename CoreTypeOf<T>::type;
+
+template <typename T>
+const CoreType<T>* CoreData(const tensorflow::Tensor& t) {
+  return reinterpret_cast<const CoreType<T>*>(t.flat<T>().data());
+}
+template <typename T>
+CoreType<T>* CoreData(tensorflow::Tensor* t) {
+  return reinterpret_cast<CoreType<T>*>(t->flat<T>().data());
+}
+
+// `t` (the input called `name`) must have exactly the dims `expected`.
+tensorflow::Status CheckShape(const char* name, const tensorflow::Tensor& t, std::initializer_list<int64_t> expected);
+
+// From a host int32 [B, S] mask: fills cu_seqlens (host, [B + 1]) and describes the packed batch.
+tensorflow::Status PackFromMask(const tensorflow::Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* batch);
+
+// From a host int32 [B + 1] cu_seqlens for `num_tokens` packed rows.
+tensorflow::Status PackFromCuSeqlens(const tensorflow::Tensor& cu_seqlens, int64_t num_tokens, PackedBatch* batch);
+
+// Checks BertEmbedding's inputs (shapes, S <= P, mask, ids of real positions: all host memory) and fills the
+// weights view. cu_seqlens (host, [B + 1]) receives the packing.
+template <typename T>
+tensorflow::Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_epsilon,
+                                       int32_t* cu_seqlens, PackedBatch* batch,
+                                       EmbeddingWeights<CoreType<T>>* weights);
+
+// Checks BertEncoder's `hidden` and stacked weights (inputs 0 and 2..13) and fills dims and the weights view.
+template <typename T>
+tensorflow::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
+                                     EncoderDims* dims, EncoderWeights<CoreType<T>>* weights);
+
+}  // namespace tf
+}  // namespace bertserve
+
+#endif  // BERTSERVE_TF_BERT_OP_INPUTS_H_
