@@ -1,0 +1,138 @@
+"""ctypes driver of the CUDA core's C ABI (custom_ops/kernels/cuda/ranker_c_api.cu), with torch owning every
+device buffer. One CudaRanker holds the weights, one workspace sized for the largest batch it will see, and
+CUDA graphs captured per (batch, token-count bucket): a graph for bucket N serves any batch of that size whose
+real token count is <= N, because the core treats packed rows past the real tokens as scratch."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Mapping
+
+import numpy as np
+import torch
+
+# Device-pointer order of bertserve_cuda_ranker_create (ranker_c_api.cu WeightIndex).
+WEIGHT_ORDER = (
+    "word_embeddings", "position_embeddings", "token_type_embeddings", "embeddings_ln_gamma", "embeddings_ln_beta",
+    "qkv_kernel", "qkv_bias", "attention_output_kernel", "attention_output_bias", "attention_ln_gamma",
+    "attention_ln_beta", "intermediate_kernel", "intermediate_bias", "output_kernel", "output_bias",
+    "output_ln_gamma", "output_ln_beta", "pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias",
+)
+
+_c_int64, _vp, _i32p = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
+
+
+def load_library(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    lib.bertserve_cuda_last_error.restype = ctypes.c_char_p
+    lib.bertserve_cuda_ranker_create.restype = _vp
+    lib.bertserve_cuda_ranker_create.argtypes = [ctypes.c_int] + [_c_int64] * 8 + [ctypes.c_float, _vp]
+    lib.bertserve_cuda_ranker_destroy.argtypes = [_vp]
+    lib.bertserve_cuda_ranker_workspace_bytes.restype = _c_int64
+    lib.bertserve_cuda_ranker_workspace_bytes.argtypes = [_vp, _c_int64, _c_int64]
+    lib.bertserve_cuda_ranker_forward.argtypes = [_vp, _i32p, _i32p, _c_int64, _c_int64, _i32p, _i32p, _c_int64,
+                                                  _c_int64, _vp, _vp, _vp, _vp]
+    lib.bertserve_cuda_remove_padding.argtypes = [ctypes.c_int, _vp, _c_int64, _c_int64, _c_int64, _i32p, _c_int64,
+                                                  _vp, _vp]
+    lib.bertserve_cuda_rebuild_padding.argtypes = [ctypes.c_int, _vp, _c_int64, _c_int64, _c_int64, _i32p, _vp, _vp]
+    return lib
+
+
+def check(lib: ctypes.CDLL, status: int) -> None:
+    if status != 0:
+        raise RuntimeError(lib.bertserve_cuda_last_error().decode())
+
+
+def fuse_qkv(arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """BertWeights-named tensors -> the op inputs: qkv = concat(query, key, value) on the last axis."""
+    out = {k: v for k, v in arrays.items() if not k.startswith(("query_", "key_", "value_"))}
+    out["qkv_kernel"] = torch.cat([arrays["query_kernel"], arrays["key_kernel"], arrays["value_kernel"]], dim=-1)
+    out["qkv_bias"] = torch.cat([arrays["query_bias"], arrays["key_bias"], arrays["value_bias"]], dim=-1)
+    return out
+
+
+def token_bucket(num_tokens: int) -> int:
+    """Graph bucket for a token count: multiples of 16 up to 128, then 8 steps per power of two (<= 12.5% waste)."""
+    if num_tokens <= 128:
+        return max(16, -(-num_tokens // 16) * 16)
+    step = 1 << (num_tokens.bit_length() - 4)
+    return -(-num_tokens // step) * step
+
+
+def cu_seqlens_of(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+class CudaRanker:
+    """The core's whole ranker forward on fp16 (or float32) weights living on the GPU."""
+
+    def __init__(self, lib: ctypes.CDLL, config: Mapping[str, float], weights: Mapping[str, torch.Tensor],
+                 dtype: torch.dtype, max_batch: int, seq: int):
+        self.lib, self.dtype, self.seq, self.max_batch = lib, dtype, seq, max_batch
+        self.hidden = int(config["hidden_size"])
+        fused = fuse_qkv(weights)
+        self.weights = {k: fused[k].to("cuda", dtype).contiguous() for k in WEIGHT_ORDER}
+        pointers = (ctypes.c_void_p * len(WEIGHT_ORDER))(*[self.weights[k].data_ptr() for k in WEIGHT_ORDER])
+        self.handle = lib.bertserve_cuda_ranker_create(
+            int(dtype == torch.float16), config["vocab_size"], config["hidden_size"], config["num_attention_heads"],
+            config["intermediate_size"], config["num_hidden_layers"], config["max_position_embeddings"],
+            config["type_vocab_size"], config["num_labels"], float(config["layer_norm_eps"]), pointers)
+        if not self.handle:
+            raise RuntimeError(lib.bertserve_cuda_last_error().decode())
+        max_tokens = token_bucket(max_batch * seq)
+        nbytes = lib.bertserve_cuda_ranker_workspace_bytes(self.handle, max_tokens, max_batch)
+        self.workspace = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")  # allocated once, zeroed once
+        # Static input buffers that graphs read; a batch is copied into their leading rows.
+        self.ids = torch.zeros(max_batch, seq, dtype=torch.int32, device="cuda")
+        self.segments = torch.zeros_like(self.ids)
+        self.cu_device = torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda")
+        self.cu_host = torch.zeros(max_batch + 1, dtype=torch.int32).pin_memory()
+        self.scores = torch.zeros(max_batch, dtype=torch.float32, device="cuda")
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.bertserve_cuda_ranker_destroy(self.handle)
+            self.handle = None
+
+    def _stage(self, ids: torch.Tensor, segments: torch.Tensor, lengths: np.ndarray) -> int:
+        b = ids.shape[0]
+        self.ids[:b].copy_(ids, non_blocking=True)
+        self.segments[:b].copy_(segments, non_blocking=True)
+        cu = cu_seqlens_of(lengths)
+        self.cu_host[: b + 1] = torch.from_numpy(cu)
+        self.cu_device[: b + 1].copy_(self.cu_host[: b + 1])  # blocking: cu_host is reused by the next batch
+        return int(cu[-1])
+
+    def _launch(self, batch: int, num_tokens: int, hidden_out: torch.Tensor | None = None) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        check(self.lib, self.lib.bertserve_cuda_ranker_forward(
+            self.handle, self.ids.data_ptr(), self.segments.data_ptr(), self.seq, batch, self.cu_host.data_ptr(),
+            self.cu_device.data_ptr(), num_tokens, self.seq, self.workspace.data_ptr(),
+            None if hidden_out is None else hidden_out.data_ptr(), self.scores.data_ptr(), stream))
+
+    def forward(self, ids: torch.Tensor, segments: torch.Tensor, lengths: np.ndarray,
+                hidden_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Eager launches (no graph) over exactly the real tokens; returns scores [batch] (a view)."""
+        b = ids.shape[0]
+        n = self._stage(ids, segments, lengths)
+        self._launch(b, n, hidden_out)
+        return self.scores[:b]
+
+    def graph_for(self, batch: int, bucket: int) -> torch.cuda.CUDAGraph:
+        key = (batch, bucket)
+        if key not in self.graphs:
+            self._launch(batch, bucket)  # plans the GEMMs outside capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._launch(batch, bucket)
+            self.graphs[key] = graph
+        return self.graphs[key]
+
+    def forward_graph(self, ids: torch.Tensor, segments: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
+        """Replays the (batch, token bucket) graph after staging the inputs; returns scores [batch] (a view)."""
+        b = ids.shape[0]
+        n = self._stage(ids, segments, lengths)
+        self.graph_for(b, token_bucket(n)).replay()
+        return self.scores[:b]

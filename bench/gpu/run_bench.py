@@ -1,0 +1,430 @@
+"""One device call of the GPU harness: build the CUDA core, check it against float32/float64 references, time
+it against PyTorch fp16 in the same process, replay serving traffic, and write gpu_bench.json + a README table.
+
+Usage (on the GPU machine, from the repository root):
+  python3 bench/gpu/run_bench.py [--stages build,check,time,profile,replay,compile] [--out DIR] [--quick]
+Stages run in order; the JSON is rewritten after each, so a cut-off run still returns what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+# The project's numpy-only modules (BertWeights, the float64 reference) without installing the package.
+_pkg = types.ModuleType("bertserve")
+_pkg.__path__ = [ROOT]
+sys.modules.setdefault("bertserve", _pkg)
+weights_mod = importlib.import_module("bertserve.export.weights")
+reference_mod = importlib.import_module("bertserve.export.reference")
+
+import core  # noqa: E402
+import serving_replay  # noqa: E402
+import torch_models  # noqa: E402
+
+SEQ = 32
+BATCHES = (1, 8, 32, 128, 512, 2048, 8192)
+CARRY = os.path.join(ROOT, ".device_carry")
+SCORE_TOLERANCE = 2e-3
+
+
+def config_dict(c) -> dict:
+    return {f: getattr(c, f) for f in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                       "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                                       "layer_norm_eps", "num_labels")}
+
+
+def to_torch(arrays, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to("cuda", dtype) for k, v in arrays.items()}
+
+
+def lengths_for(dist: str, batch: int, rng: np.random.Generator) -> np.ndarray:
+    if dist == "all32":
+        return np.full(batch, SEQ, dtype=np.int32)
+    return rng.integers(8, SEQ + 1, batch).astype(np.int32)
+
+
+def median_ms(fn, min_iters: int = 10, budget_ms: float = 300.0) -> float:
+    """Median of CUDA-event timings after warm-up; the count adapts to ~budget_ms of work."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); fn(); b.record(); b.synchronize()
+    iters = int(max(min_iters, min(200, budget_ms / max(a.elapsed_time(b), 1e-3))))
+    times = []
+    for _ in range(iters):
+        a.record(); fn(); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+class Results:
+    def __init__(self, out_dir: str):
+        self.path = os.path.join(out_dir, "gpu_bench.json")
+        self.data: dict = {}
+
+    def save(self) -> None:
+        with open(self.path, "w") as f:
+            json.dump(self.data, f, indent=1, default=str)
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+def stage_build(res: Results, build_dir: str) -> str:
+    t0 = time.time()
+    log = subprocess.run(["bash", os.path.join(ROOT, "custom_ops/kernels/cuda/build.sh"), build_dir],
+                         capture_output=True, text=True)
+    print(log.stdout[-2000:], log.stderr[-4000:], flush=True)
+    if log.returncode != 0:
+        raise SystemExit("build failed")
+    res.data["build"] = {"seconds": round(time.time() - t0, 1), "ptxas_warnings": log.stderr.count("warning")}
+    return os.path.join(build_dir, "libbertserve_cuda.so")
+
+
+def environment() -> dict:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    nvcc = subprocess.run("nvcc --version | tail -2", shell=True, capture_output=True, text=True).stdout.strip()
+    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
+    return {"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi, "nvcc": nvcc, "torch": torch.__version__,
+            "cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
+def compare(ours: torch.Tensor, ref: torch.Tensor) -> dict:
+    ours, ref = ours.double().cpu(), ref.double().cpu()
+    diff = (ours - ref).abs()
+    return {"max_abs": float(diff.max()) if diff.numel() else 0.0,
+            "rel_l2": float(diff.norm() / max(ref.norm(), 1e-30)), "finite": bool(torch.isfinite(ours).all())}
+
+
+def check_model(lib, config: dict, w32: dict[str, torch.Tensor], ids: np.ndarray, seg: np.ndarray,
+                lengths: np.ndarray, float64_ref: dict | None = None) -> dict:
+    """Core fp16 and fp32 vs the float32 torch reference (and float64 numpy reference when given)."""
+    out: dict = {"rows": int(len(lengths)), "tokens": int(lengths.sum()), "lengths": f"{lengths.min()}..{lengths.max()}"}
+    ids_t = torch.as_tensor(ids, device="cuda")
+    seg_t = torch.as_tensor(seg, device="cuda")
+    w16 = {k: v.half() for k, v in w32.items()}
+    w16_as32 = {k: v.float() for k, v in w16.items()}
+    with torch.no_grad():
+        ref_hidden, ref_scores = torch_models.reference_forward(w16_as32, config, ids_t.long(), seg_t.long(), lengths)
+        _, ref_scores_fp32_weights = torch_models.reference_forward(w32, config, ids_t.long(), seg_t.long(), lengths)
+    for dtype, label in ((torch.float16, "fp16"), (torch.float32, "fp32")):
+        ranker = core.CudaRanker(lib, config, w16_as32 if dtype == torch.float16 else w32, dtype, len(lengths), SEQ)
+        hidden = torch.full((int(lengths.sum()), config["hidden_size"]), float("nan"), dtype=dtype, device="cuda")
+        ranker.scores.fill_(float("nan"))
+        scores = ranker.forward(ids_t, seg_t, lengths, hidden_out=hidden).clone()
+        graph_scores = ranker.forward_graph(ids_t, seg_t, lengths).clone()
+        torch.cuda.synchronize()
+        reference_scores = ref_scores if dtype == torch.float16 else ref_scores_fp32_weights
+        reference_hidden = ref_hidden if dtype == torch.float16 else None
+        entry = {"scores_vs_torch_fp32": compare(scores, reference_scores),
+                 "graph_bucket_vs_eager_scores": compare(graph_scores, scores)}
+        if reference_hidden is not None:
+            entry["hidden_vs_torch_fp32"] = compare(hidden, reference_hidden)
+            entry["scores_vs_fp32_model_unrounded_weights"] = compare(scores, ref_scores_fp32_weights)
+        if float64_ref is not None and dtype == torch.float16:
+            entry["scores_vs_float64_reference"] = compare(scores, torch.as_tensor(float64_ref["scores"]))
+            entry["hidden_vs_float64_reference"] = compare(hidden, torch.as_tensor(float64_ref["hidden"]))
+        out[label] = entry
+        ranker.close()
+    out["torch_fp32_reference_vs_float64"] = (compare(ref_scores, torch.as_tensor(float64_ref["scores"]))
+                                              if float64_ref is not None else None)
+    return out
+
+
+def check_hf_agrees(config: dict, w32: dict, ids: np.ndarray, seg: np.ndarray, lengths: np.ndarray) -> dict:
+    """The float32 reference against HF BertForSequenceClassification (eager attention) on rows with tokens."""
+    keep = lengths > 0
+    ids_t = torch.as_tensor(ids[keep], device="cuda").long()
+    seg_t = torch.as_tensor(seg[keep], device="cuda").long()
+    mask = (torch.arange(SEQ, device="cuda")[None] < torch.as_tensor(lengths[keep], device="cuda")[:, None]).long()
+    model = torch_models.hf_ranker(config, w32, "eager").float()
+    with torch.no_grad():
+        logits = model(input_ids=ids_t, token_type_ids=seg_t, attention_mask=mask).logits
+        _, ours = torch_models.reference_forward(w32, config, ids_t, seg_t, lengths[keep])
+    return compare(ours, torch.sigmoid(logits[:, 0]))
+
+
+def check_padding_ops(lib) -> dict:
+    rng = np.random.default_rng(3)
+    lengths = np.concatenate([[0], rng.integers(0, SEQ + 1, 40)]).astype(np.int32)
+    b, h = len(lengths), 96
+    cu = torch.as_tensor(core.cu_seqlens_of(lengths), device="cuda")
+    real = torch.arange(SEQ, device="cuda")[None] < torch.as_tensor(lengths, device="cuda")[:, None]
+    out = {}
+    for half, dtype in ((1, torch.float16), (0, torch.float32)):
+        padded = torch.randn(b, SEQ, h, device="cuda").to(dtype)
+        n = int(lengths.sum())
+        packed = torch.full((n, h), float("nan"), device="cuda", dtype=dtype)
+        stream = torch.cuda.current_stream().cuda_stream
+        core.check(lib, lib.bertserve_cuda_remove_padding(half, padded.data_ptr(), SEQ, h, b, cu.data_ptr(), n,
+                                                          packed.data_ptr(), stream))
+        rebuilt = torch.full_like(padded, float("nan"))
+        core.check(lib, lib.bertserve_cuda_rebuild_padding(half, packed.data_ptr(), SEQ, h, b, cu.data_ptr(),
+                                                           rebuilt.data_ptr(), stream))
+        torch.cuda.synchronize()
+        out[str(dtype)] = {"remove_exact": bool(torch.equal(packed, padded[real])),
+                           "rebuild_exact": bool(torch.equal(rebuilt, padded * real[..., None]))}
+    return out
+
+
+def mixed_inputs(vocab: int, rows_random: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([np.arange(SEQ + 1), rng.integers(1, SEQ + 1, rows_random)]).astype(np.int32)
+    ids = rng.integers(1000, vocab, (len(lengths), SEQ)).astype(np.int32)
+    seg = (np.arange(SEQ)[None, :] >= (lengths[:, None] // 2)).astype(np.int32)
+    return ids, seg, lengths
+
+
+def stage_check(res: Results, lib) -> None:
+    checks: dict = {}
+    chitchat = weights_mod.CHITCHAT_CONFIG
+    cfg = config_dict(chitchat)
+    w32 = to_torch(weights_mod.BertWeights.random(chitchat, seed=0).arrays)
+    ids, seg, lengths = mixed_inputs(cfg["vocab_size"], 31, seed=1)
+    # float64 numpy reference on a few rows validates the float32 torch reference itself.
+    rounded = weights_mod.BertWeights(chitchat, {k: v.half().float().cpu().numpy() for k, v in w32.items()})
+    few = np.array([1, 7, 20, 32, 33, 40])
+    mask = (np.arange(SEQ)[None] < lengths[few][:, None]).astype(np.int32)
+    f64 = {"scores": reference_mod.scores(rounded, ids[few], mask, seg[few])}
+    w16_as32 = {k: v.half().float() for k, v in w32.items()}
+    with torch.no_grad():
+        _, t32 = torch_models.reference_forward(w16_as32, cfg, torch.as_tensor(ids[few], device="cuda").long(),
+                                                torch.as_tensor(seg[few], device="cuda").long(), lengths[few])
+    checks["torch_fp32_reference_vs_float64_chitchat"] = compare(t32, torch.as_tensor(f64["scores"]))
+    checks["torch_fp32_reference_vs_hf_eager_chitchat"] = check_hf_agrees(cfg, w32, ids, seg, lengths)
+    checks["chitchat_random_mixed"] = check_model(lib, cfg, w32, ids, seg, lengths)
+    big = np.random.default_rng(5)
+    ids_b, seg_b, lengths_b = (big.integers(1000, cfg["vocab_size"], (512, SEQ)).astype(np.int32),
+                               np.zeros((512, SEQ), np.int32), big.integers(1, SEQ + 1, 512).astype(np.int32))
+    checks["chitchat_random_batch512_U1_32"] = check_model(lib, cfg, w32, ids_b, seg_b, lengths_b)
+    # The real MiniLM-L6-H384 (head size 32), carried as fp16, against the project's float64 reference.
+    from safetensors.torch import load_file
+    with open(os.path.join(CARRY, "minilm_l6_config.json")) as f:
+        mcfg = json.load(f)
+    mcfg = {k: mcfg[k] for k in cfg}
+    mw = {k: v.float().cuda() for k, v in load_file(os.path.join(CARRY, "minilm_l6_fp16.safetensors")).items()}
+    ref = np.load(os.path.join(CARRY, "minilm_l6_reference.npz"))
+    checks["minilm_real_mixed"] = check_model(lib, mcfg, mw, ref["input_ids"], ref["segment_ids"],
+                                              ref["lengths"], float64_ref={"scores": ref["scores"],
+                                                                           "hidden": ref["hidden"]})
+    checks["padding_ops"] = check_padding_ops(lib)
+    worst = max(checks[k]["fp16"]["scores_vs_torch_fp32"]["max_abs"]
+                for k in ("chitchat_random_mixed", "chitchat_random_batch512_U1_32", "minilm_real_mixed"))
+    finite = all(checks[k][p]["scores_vs_torch_fp32"]["finite"]
+                 for k in ("chitchat_random_mixed", "chitchat_random_batch512_U1_32", "minilm_real_mixed")
+                 for p in ("fp16", "fp32"))
+    checks["summary"] = {"fp16_worst_score_abs_error": worst, "target": SCORE_TOLERANCE,
+                         "met": bool(worst <= SCORE_TOLERANCE and finite), "all_finite": finite}
+    res.data["correctness"] = checks
+    print(json.dumps(checks["summary"]), flush=True)
+
+
+def stage_time(res: Results, quick: bool) -> None:
+    chitchat = weights_mod.CHITCHAT_CONFIG
+    cfg = config_dict(chitchat)
+    w32 = to_torch(weights_mod.BertWeights.random(chitchat, seed=0).arrays)
+    batches = (1, 32, 2048) if quick else BATCHES
+    ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ)
+    del w32
+    torch.manual_seed(0)
+    hand = torch_models.HandRanker(cfg).cuda().half().eval()
+    hf = torch_models.hf_ranker(cfg, None, "sdpa").half()
+    rng = np.random.default_rng(7)
+    rows = []
+    for dist in ("all32", "U8_32"):
+        for bs in batches:
+            lengths = lengths_for(dist, bs, rng)
+            ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
+            seg = torch.zeros_like(ids)
+            mask = (torch.arange(SEQ, device="cuda")[None] < torch.as_tensor(lengths, device="cuda")[:, None]).long()
+            row = {"dist": dist, "batch": bs, "tokens": int(lengths.sum()),
+                   "bucket": core.token_bucket(int(lengths.sum()))}
+            n = ranker._stage(ids, seg, lengths)
+            graph = ranker.graph_for(bs, core.token_bucket(n))
+            row["core_graph_ms"] = median_ms(graph.replay)
+            row["core_eager_ms"] = median_ms(lambda: ranker._launch(bs, n))
+            with torch.inference_mode():
+                ids64, seg64 = ids.long(), seg.long()
+                row["hf_sdpa_ms"] = median_ms(lambda: hf(input_ids=ids64, token_type_ids=seg64, attention_mask=mask))
+                row["hand_sdpa_ms"] = median_ms(lambda: hand(ids64, seg64, mask))
+                static = (ids64.clone(), seg64.clone(), mask.clone())
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        hand(*static)
+                torch.cuda.current_stream().wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    hand(*static)
+                row["hand_sdpa_graph_ms"] = median_ms(g.replay)
+                del g
+            for key in [k for k in row if k.endswith("_ms")]:
+                row[key.replace("_ms", "_seq_s")] = round(bs / row[key] * 1e3)
+                row[key] = round(row[key], 4)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            res.data["timing"] = {"shape": "6 layers, hidden 768, 12 heads, FFN 3072, seq 32, fp16", "rows": rows}
+            res.save()
+    ranker.close()
+    ranker.graphs.clear()
+
+
+def stage_compile(res: Results) -> None:
+    cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
+    torch.manual_seed(0)
+    hand = torch_models.HandRanker(cfg).cuda().half().eval()
+    compiled = torch.compile(hand)
+    rng = np.random.default_rng(8)
+    out = []
+    for bs in (32, 2048):
+        lengths = lengths_for("U8_32", bs, rng)
+        ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), device="cuda")
+        seg = torch.zeros_like(ids)
+        mask = (torch.arange(SEQ, device="cuda")[None] < torch.as_tensor(lengths, device="cuda")[:, None]).long()
+        with torch.inference_mode():
+            t0 = time.time()
+            compiled(ids, seg, mask)
+            torch.cuda.synchronize()
+            compile_s = time.time() - t0
+            ms = median_ms(lambda: compiled(ids, seg, mask))
+        out.append({"batch": bs, "dist": "U8_32 (computed padded)", "ms": round(ms, 4), "seq_s": round(bs / ms * 1e3),
+                    "compile_s": round(compile_s, 1)})
+        print(json.dumps(out[-1]), flush=True)
+        res.data["torch_compile"] = out
+        res.save()
+
+
+def stage_profile(res: Results) -> None:
+    """Per-kernel GPU time of one forward (torch profiler over CUPTI): where the time goes."""
+    cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
+    w32 = to_torch(weights_mod.BertWeights.random(weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, 2048, SEQ)
+    rng = np.random.default_rng(9)
+    prof_out = {}
+    for bs in (1, 32, 2048):
+        lengths = lengths_for("U8_32", bs, rng)
+        ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
+        n = ranker._stage(ids, torch.zeros_like(ids), lengths)
+        graph = ranker.graph_for(bs, core.token_bucket(n))
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                ranker._launch(bs, n)
+            torch.cuda.synchronize()
+        table = {}
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t > 0:
+                table[e.key[:90]] = {"us_per_forward": round(t / 5, 1), "calls_per_forward": e.count // 5}
+        prof_out[f"U8_32_batch{bs}_tokens{n}"] = dict(sorted(table.items(), key=lambda kv: -kv[1]["us_per_forward"]))
+        print(f"batch {bs}:", json.dumps(prof_out[f"U8_32_batch{bs}_tokens{n}"])[:1500], flush=True)
+    res.data["profile_eager_launches"] = prof_out
+    ranker.close()
+
+
+def stage_replay(res: Results, quick: bool) -> None:
+    cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
+    w32 = to_torch(weights_mod.BertWeights.random(weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    policies = [
+        (serving_replay.BatchingParameters(256, 1000, (32, 64, 128, 256)), (1000, 2000, 4000, 6000, 8000)),
+        (serving_replay.BatchingParameters(1024, 2000, (128, 256, 512, 1024)), (6000, 8000, 10000, 12000)),
+    ]
+    out = []
+    for params, levels in policies:
+        ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, params.max_batch_size, SEQ)
+        t0 = time.time()
+        for size in params.allowed_batch_sizes:  # capture every (size, bucket) graph before traffic starts
+            buckets = sorted({core.token_bucket(t) for t in range(1, size * SEQ + 1, 8)})
+            for bucket in buckets:
+                ranker.graph_for(size, bucket)
+        capture_s = round(time.time() - t0, 1)
+        for qps in (levels[:2] if quick else levels):
+            r = serving_replay.replay(ranker, params, serving_replay.Traffic(qps=qps, seconds=2.0), seed=int(qps))
+            r.update({"max_batch_size": params.max_batch_size, "batch_timeout_micros": params.batch_timeout_micros,
+                      "allowed_batch_sizes": list(params.allowed_batch_sizes), "graphs": len(ranker.graphs),
+                      "graph_capture_s": capture_s})
+            out.append(r)
+            print(json.dumps(r), flush=True)
+            res.data["serving_replay"] = {"replies_per_query": 32, "lengths": "U[8,32]", "rows": out}
+            res.save()
+        ranker.close()
+        ranker.graphs.clear()
+        del ranker
+        torch.cuda.empty_cache()
+
+
+def readme_table(data: dict) -> str:
+    lines = ["| batch | lengths | core + graph ms (seq/s) | core eager ms | PyTorch SDPA + graph ms (seq/s) | "
+             "hand SDPA ms | HF sdpa ms | core vs best PyTorch |", "|---|---|---|---|---|---|---|---|"]
+    for r in data.get("timing", {}).get("rows", []):
+        best = min(r["hand_sdpa_graph_ms"], r["hand_sdpa_ms"], r["hf_sdpa_ms"])
+        lines.append(f"| {r['batch']} | {r['dist']} | {r['core_graph_ms']:.3f} ({r['core_graph_seq_s']:,}) | "
+                     f"{r['core_eager_ms']:.3f} | {r['hand_sdpa_graph_ms']:.3f} ({r['hand_sdpa_graph_seq_s']:,}) | "
+                     f"{r['hand_sdpa_ms']:.3f} | {r['hf_sdpa_ms']:.3f} | {best / r['core_graph_ms']:.2f}x |")
+    rows = data.get("serving_replay", {}).get("rows", [])
+    if rows:
+        lines += ["", "| max batch / timeout | offered QPS | achieved QPS | seq/s | rows/batch | P50 ms | P99 ms |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['max_batch_size']} / {r['batch_timeout_micros']} us | {r['offered_qps']:,} | "
+                         f"{r['achieved_qps']:,} | {r['sequences_per_s']:,} | {r['mean_rows_per_batch']} | "
+                         f"{r['p50_ms']} | {r['p99_ms']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--stages", default="build,check,time,profile,replay,compile")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--build-dir", default="/tmp/bertserve_cuda_build")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    stages = args.stages.split(",")
+    res = Results(args.out)
+    res.data["environment"] = environment()
+    print(json.dumps(res.data["environment"]), flush=True)
+    lib_path = stage_build(res, args.build_dir) if "build" in stages else os.path.join(args.build_dir,
+                                                                                       "libbertserve_cuda.so")
+    res.lib = core.load_library(lib_path)
+    res.save()
+    for name, fn in (("check", lambda: stage_check(res, res.lib)), ("time", lambda: stage_time(res, args.quick)),
+                     ("profile", lambda: stage_profile(res)), ("replay", lambda: stage_replay(res, args.quick)),
+                     ("compile", lambda: stage_compile(res))):
+        if name not in stages:
+            continue
+        t0 = time.time()
+        try:
+            fn()
+        except Exception as e:  # one failing stage must not lose the others' numbers
+            res.data.setdefault("errors", {})[name] = repr(e)[:2000]
+            print(f"stage {name} failed: {e!r}", flush=True)
+        res.data.setdefault("stage_seconds", {})[name] = round(time.time() - t0, 1)
+        res.save()
+    table = readme_table(res.data)
+    with open(os.path.join(args.out, "gpu_bench_table.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

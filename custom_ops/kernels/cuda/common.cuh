@@ -1,0 +1,113 @@
+// Shared device helpers of the CUDA core: element-type traits (half2/float2 vectors, fp32 compute), warp
+// reductions, and the error check every launch goes through. Nothing here synchronises with the host.
+#ifndef BERTSERVE_KERNELS_CUDA_COMMON_CUH_
+#define BERTSERVE_KERNELS_CUDA_COMMON_CUH_
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "custom_ops/kernels/bert_core.h"
+
+namespace bertserve {
+namespace cuda {
+
+// A failed CUDA call or launch throws: callers (the TF op, the C ABI) turn it into their own error status.
+inline void ThrowIfFailed(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  }
+}
+
+// cudaGetLastError only reads the launch status on the host; it never waits for the device.
+inline void CheckLaunch(const char* kernel) { ThrowIfFailed(cudaGetLastError(), kernel); }
+
+inline cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// The API's storage type -> the CUDA type the kernels compute with (fp16 and __half share a layout).
+template <typename T>
+struct DeviceType {
+  using type = T;
+};
+template <>
+struct DeviceType<fp16> {
+  using type = __half;
+};
+template <typename T>
+using DeviceT = typename DeviceType<T>::type;
+
+template <typename T>
+inline DeviceT<T>* ToDevice(T* p) {
+  return reinterpret_cast<DeviceT<T>*>(p);
+}
+template <typename T>
+inline const DeviceT<T>* ToDevice(const T* p) {
+  return reinterpret_cast<const DeviceT<T>*>(p);
+}
+
+// Two-element vectors: half2 for __half, float2 for float; loads and stores of pairs, math in fp32.
+template <typename T>
+struct Vec2;
+template <>
+struct Vec2<__half> {
+  using type = __half2;
+  static __device__ __forceinline__ float2 ToFloat2(__half2 v) { return __half22float2(v); }
+  static __device__ __forceinline__ __half2 FromFloat2(float2 v) { return __float22half2_rn(v); }
+};
+template <>
+struct Vec2<float> {
+  using type = float2;
+  static __device__ __forceinline__ float2 ToFloat2(float2 v) { return v; }
+  static __device__ __forceinline__ float2 FromFloat2(float2 v) { return v; }
+};
+
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Row b of a packed batch that owns packed token t (cu_seqlens[b] <= t < cu_seqlens[b+1]); batch when t lies
+// past the last real token (scratch rows of a CUDA-graph bucket).
+__device__ __forceinline__ int RowOfToken(const int32_t* cu_seqlens, int batch, int t) {
+  int lo = 0, hi = batch;  // invariant: cu_seqlens[lo] <= t < cu_seqlens[hi] when t is real
+  if (t >= cu_seqlens[batch]) return batch;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (cu_seqlens[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace cuda
+}  // namespace bertserve
+
+#endif  // BERTSERVE_KERNELS_CUDA_COMMON_CUH_

@@ -1,0 +1,293 @@
+// Memory-bound kernels of the CUDA core: one warp per row, pairs of elements (half2 / float2) per access,
+// fp32 statistics. See kernels.h for the contracts.
+#include "custom_ops/kernels/cuda/common.cuh"
+#include "custom_ops/kernels/cuda/kernels.h"
+
+namespace bertserve {
+namespace cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kThreads = kWarpsPerBlock * 32;
+
+// LayerNorm of one row held as kPairs float2 per lane (pair i of lane l is columns 2*(i*32+l), +1); columns
+// past `width` are zero and excluded. Two passes over registers: mean, then centred variance.
+template <typename T, int kPairs>
+__device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int lane, int width, const T* gamma,
+                                                        const T* beta, float epsilon, T* out) {
+  using V = Vec2<T>;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) sum += v[i].x + v[i].y;
+  const float mean = WarpSum(sum) / width;
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int c = 2 * (i * 32 + lane);
+    if (c < width) {
+      const float dx = v[i].x - mean, dy = v[i].y - mean;
+      sq += dx * dx + dy * dy;
+    }
+  }
+  const float rstd = rsqrtf(WarpSum(sq) / width + epsilon);
+  const auto* g2 = reinterpret_cast<const typename V::type*>(gamma);
+  const auto* b2 = reinterpret_cast<const typename V::type*>(beta);
+  auto* o2 = reinterpret_cast<typename V::type*>(out);
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int p = i * 32 + lane;
+    if (2 * p < width) {
+      const float2 g = V::ToFloat2(g2[p]), b = V::ToFloat2(b2[p]);
+      o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * g.x + b.x, (v[i].y - mean) * rstd * g.y + b.y));
+    }
+  }
+}
+
+template <typename T, int kPairs>
+__global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
+    const T* __restrict__ word, const T* __restrict__ position, const T* __restrict__ token_type,
+    const T* __restrict__ gamma, const T* __restrict__ beta, int vocab_size, int type_vocab_size,
+    const int32_t* __restrict__ input_ids, const int32_t* __restrict__ segment_ids, int seq,
+    const int32_t* __restrict__ cu_seqlens, int batch, int num_tokens, int width, float epsilon, T* __restrict__ out) {
+  using V = Vec2<T>;
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (t >= num_tokens) return;
+  const int b = RowOfToken(cu_seqlens, batch, t);
+  if (b == batch) return;
+  const int p = t - cu_seqlens[b];
+  const int id = min(max(input_ids[static_cast<int64_t>(b) * seq + p], 0), vocab_size - 1);
+  const int segment = min(max(segment_ids[static_cast<int64_t>(b) * seq + p], 0), type_vocab_size - 1);
+  const auto* w2 = reinterpret_cast<const typename V::type*>(word + static_cast<int64_t>(id) * width);
+  const auto* p2 = reinterpret_cast<const typename V::type*>(position + static_cast<int64_t>(p) * width);
+  const auto* s2 = reinterpret_cast<const typename V::type*>(token_type + static_cast<int64_t>(segment) * width);
+  float2 v[kPairs];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int q = i * 32 + lane;
+    v[i] = make_float2(0.f, 0.f);
+    if (2 * q < width) {
+      const float2 a = V::ToFloat2(w2[q]), c = V::ToFloat2(p2[q]), d = V::ToFloat2(s2[q]);
+      v[i] = make_float2(a.x + c.x + d.x, a.y + c.y + d.y);
+    }
+  }
+  LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, out + static_cast<int64_t>(t) * width);
+}
+
+template <typename T, int kPairs>
+__global__ void __launch_bounds__(kThreads)
+    ResidualLayerNormKernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
+                            int num_tokens, int width, float epsilon, T* __restrict__ hidden) {
+  using V = Vec2<T>;
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (t >= num_tokens) return;
+  const auto* x2 = reinterpret_cast<const typename V::type*>(x + static_cast<int64_t>(t) * width);
+  const auto* h2 = reinterpret_cast<const typename V::type*>(hidden + static_cast<int64_t>(t) * width);
+  float2 v[kPairs];
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int q = i * 32 + lane;
+    v[i] = make_float2(0.f, 0.f);
+    if (2 * q < width) {
+      const float2 a = V::ToFloat2(x2[q]), r = V::ToFloat2(h2[q]);
+      v[i] = make_float2(a.x + r.x, a.y + r.y);
+    }
+  }
+  LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, hidden + static_cast<int64_t>(t) * width);
+}
+
+// Calls launch.template operator()<kPairs>() with the smallest register budget that holds `width` columns.
+template <typename Launch>
+void DispatchPairs(int64_t width, const Launch& launch) {
+  const int64_t pairs = CeilDiv(width, 64);
+  if (pairs <= 2) return launch.template operator()<2>();
+  if (pairs <= 4) return launch.template operator()<4>();
+  if (pairs <= 6) return launch.template operator()<6>();
+  if (pairs <= 8) return launch.template operator()<8>();
+  if (pairs <= 12) return launch.template operator()<12>();
+  if (pairs <= 16) return launch.template operator()<16>();
+  if (pairs <= 32) return launch.template operator()<32>();
+  if (pairs <= 64) return launch.template operator()<64>();
+  throw std::runtime_error("hidden size " + std::to_string(width) + " exceeds the CUDA LayerNorm limit " +
+                           std::to_string(kMaxLayerNormHidden));
+}
+
+void CheckWidth(int64_t width) {
+  if (width % 2 != 0 || width > kMaxLayerNormHidden) {
+    throw std::runtime_error("the CUDA core needs an even hidden size <= " + std::to_string(kMaxLayerNormHidden) +
+                             ", got " + std::to_string(width));
+  }
+}
+
+__device__ __forceinline__ float GeluErf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
+
+template <typename T>
+__global__ void GeluKernel(typename Vec2<T>::type* __restrict__ x, int64_t pairs) {
+  using V = Vec2<T>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float2 v = V::ToFloat2(x[i]);
+    x[i] = V::FromFloat2(make_float2(GeluErf(v.x), GeluErf(v.y)));
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) GatherFirstTokenKernel(const T* __restrict__ packed, int width,
+                                                                   const int32_t* __restrict__ cu_seqlens, int batch,
+                                                                   T* __restrict__ first) {
+  const int lane = threadIdx.x & 31;
+  const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (b >= batch) return;
+  const int begin = cu_seqlens[b];
+  const bool empty = cu_seqlens[b + 1] == begin;
+  const T* src = packed + static_cast<int64_t>(begin) * width;
+  T* dst = first + static_cast<int64_t>(b) * width;
+  for (int c = lane; c < width; c += 32) dst[c] = empty ? FromFloat<T>(0.f) : src[c];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RemovePaddingKernel(const T* __restrict__ padded, int seq, int width, const int32_t* __restrict__ cu_seqlens,
+                        int batch, int num_tokens, T* __restrict__ packed) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (t >= num_tokens) return;
+  const int b = RowOfToken(cu_seqlens, batch, t);
+  if (b == batch) return;
+  const T* src = padded + (static_cast<int64_t>(b) * seq + (t - cu_seqlens[b])) * width;
+  T* dst = packed + static_cast<int64_t>(t) * width;
+  for (int c = lane; c < width; c += 32) dst[c] = src[c];
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RebuildPaddingKernel(const T* __restrict__ packed, int seq, int width, const int32_t* __restrict__ cu_seqlens,
+                         int batch, T* __restrict__ padded) {
+  const int lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
+  if (row >= batch * seq) return;
+  const int b = row / seq, p = row % seq;
+  const int begin = cu_seqlens[b];
+  const bool real = p < cu_seqlens[b + 1] - begin;
+  const T* src = packed + static_cast<int64_t>(begin + p) * width;
+  T* dst = padded + static_cast<int64_t>(row) * width;
+  for (int c = lane; c < width; c += 32) dst[c] = real ? src[c] : FromFloat<T>(0.f);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    RankerHeadKernel(const T* __restrict__ pooled, const T* __restrict__ classifier_kernel,
+                     const T* __restrict__ classifier_bias, int batch, int width, int num_labels,
+                     float* __restrict__ scores) {
+  const int lane = threadIdx.x & 31;
+  const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (b >= batch) return;
+  const T* row = pooled + static_cast<int64_t>(b) * width;
+  float logit0 = 0.f, logit1 = 0.f;
+  for (int c = lane; c < width; c += 32) {
+    const float p = tanhf(ToFloat(row[c]));
+    logit0 += p * ToFloat(classifier_kernel[c * num_labels]);
+    if (num_labels == 2) logit1 += p * ToFloat(classifier_kernel[c * num_labels + 1]);
+  }
+  logit0 = WarpSum(logit0) + ToFloat(classifier_bias[0]);
+  logit1 = WarpSum(logit1);
+  if (lane == 0) {
+    // Two labels: softmax(l0, l1)[1] = sigmoid(l1 - l0).
+    const float z = num_labels == 2 ? logit1 + ToFloat(classifier_bias[1]) - logit0 : logit0;
+    scores[b] = 1.f / (1.f + expf(-z));
+  }
+}
+
+unsigned WarpBlocks(int64_t rows) { return static_cast<unsigned>(CeilDiv(rows, kWarpsPerBlock)); }
+
+}  // namespace
+
+template <typename T>
+void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_type, const T* gamma, const T* beta,
+                              int64_t vocab_size, int64_t type_vocab_size, const int32_t* input_ids,
+                              const int32_t* segment_ids, int64_t seq, const int32_t* cu_seqlens, int64_t batch,
+                              int64_t num_tokens, int64_t hidden, float epsilon, T* out, cudaStream_t stream) {
+  CheckWidth(hidden);
+  if (num_tokens == 0) return;
+  DispatchPairs(hidden, [&]<int kPairs>() {
+    EmbeddingLayerNormKernel<T, kPairs><<<WarpBlocks(num_tokens), kThreads, 0, stream>>>(
+        word, position, token_type, gamma, beta, vocab_size, type_vocab_size, input_ids, segment_ids, seq, cu_seqlens,
+        batch, num_tokens, hidden, epsilon, out);
+  });
+  CheckLaunch("EmbeddingLayerNormKernel");
+}
+
+template <typename T>
+void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t num_tokens, int64_t width,
+                             float epsilon, T* hidden, cudaStream_t stream) {
+  CheckWidth(width);
+  if (num_tokens == 0) return;
+  DispatchPairs(width, [&]<int kPairs>() {
+    ResidualLayerNormKernel<T, kPairs>
+        <<<WarpBlocks(num_tokens), kThreads, 0, stream>>>(x, gamma, beta, num_tokens, width, epsilon, hidden);
+  });
+  CheckLaunch("ResidualLayerNormKernel");
+}
+
+template <typename T>
+void LaunchGelu(T* x, int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  const int64_t pairs = count / 2;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(pairs, 256), 132 * 16));
+  GeluKernel<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<typename Vec2<T>::type*>(x), pairs);
+  CheckLaunch("GeluKernel");
+}
+
+template <typename T>
+void LaunchGatherFirstToken(const T* packed, int64_t hidden, const int32_t* cu_seqlens, int64_t batch, T* first,
+                            cudaStream_t stream) {
+  if (batch == 0) return;
+  GatherFirstTokenKernel<T><<<WarpBlocks(batch), kThreads, 0, stream>>>(packed, hidden, cu_seqlens, batch, first);
+  CheckLaunch("GatherFirstTokenKernel");
+}
+
+template <typename T>
+void LaunchRemovePadding(const T* padded, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
+                         int64_t num_tokens, T* packed, cudaStream_t stream) {
+  if (num_tokens == 0) return;
+  RemovePaddingKernel<T>
+      <<<WarpBlocks(num_tokens), kThreads, 0, stream>>>(padded, seq, hidden, cu_seqlens, batch, num_tokens, packed);
+  CheckLaunch("RemovePaddingKernel");
+}
+
+template <typename T>
+void LaunchRebuildPadding(const T* packed, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
+                          T* padded, cudaStream_t stream) {
+  if (batch * seq == 0) return;
+  RebuildPaddingKernel<T>
+      <<<WarpBlocks(batch * seq), kThreads, 0, stream>>>(packed, seq, hidden, cu_seqlens, batch, padded);
+  CheckLaunch("RebuildPaddingKernel");
+}
+
+template <typename T>
+void LaunchRankerHead(const T* pooled, const T* classifier_kernel, const T* classifier_bias, int64_t batch,
+                      int64_t hidden, int64_t num_labels, float* scores, cudaStream_t stream) {
+  if (batch == 0) return;
+  RankerHeadKernel<T><<<WarpBlocks(batch), kThreads, 0, stream>>>(pooled, classifier_kernel, classifier_bias, batch,
+                                                                  hidden, num_labels, scores);
+  CheckLaunch("RankerHeadKernel");
+}
+
+#define BERTSERVE_INSTANTIATE_ELEMENTWISE(T)                                                                       \
+  template void LaunchEmbeddingLayerNorm<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,     \
+                                            const int32_t*, const int32_t*, int64_t, const int32_t*, int64_t,       \
+                                            int64_t, int64_t, float, T*, cudaStream_t);                             \
+  template void LaunchResidualLayerNorm<T>(const T*, const T*, const T*, int64_t, int64_t, float, T*, cudaStream_t); \
+  template void LaunchGelu<T>(T*, int64_t, cudaStream_t);                                                           \
+  template void LaunchGatherFirstToken<T>(const T*, int64_t, const int32_t*, int64_t, T*, cudaStream_t);            \
+  template void LaunchRemovePadding<T>(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*,            \
+                                       cudaStream_t);                                                               \
+  template void LaunchRebuildPadding<T>(const T*, int64_t, int64_t, const int32_t*, int64_t, T*, cudaStream_t);     \
+  template void LaunchRankerHead<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, float*, cudaStream_t);
+
+BERTSERVE_INSTANTIATE_ELEMENTWISE(__half)
+BERTSERVE_INSTANTIATE_ELEMENTWISE(float)
+
+}  // namespace cuda
+}  // namespace bertserve

@@ -1,0 +1,65 @@
+// Launchers of the CUDA core's own kernels (the GEMMs are in gemm.h). T is __half or float; every pointer is
+// device memory except where a name ends in _host; every launcher only enqueues on `stream` and throws
+// std::runtime_error if the launch fails.
+//
+// Packed rows: a launcher given num_tokens treats rows at or past cu_seqlens[batch] as scratch (a CUDA graph
+// captured for a token-count bucket runs with num_tokens >= the real count): they may be computed, never read
+// into a real row, and never written by the embedding.
+#ifndef BERTSERVE_KERNELS_CUDA_KERNELS_H_
+#define BERTSERVE_KERNELS_CUDA_KERNELS_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace bertserve {
+namespace cuda {
+
+// Largest hidden size the one-warp-per-row LayerNorm kernels hold in registers; hidden must also be even.
+constexpr int64_t kMaxLayerNormHidden = 4096;
+
+// hidden[t] = LayerNorm(word[id] + position[p] + token_type[segment]) for each real packed token t (row b,
+// position p). Ids are range-checked on the host by the caller; out-of-range ids are clamped, never read past.
+template <typename T>
+void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_type, const T* gamma, const T* beta,
+                              int64_t vocab_size, int64_t type_vocab_size, const int32_t* input_ids,
+                              const int32_t* segment_ids, int64_t seq, const int32_t* cu_seqlens, int64_t batch,
+                              int64_t num_tokens, int64_t hidden, float epsilon, T* out, cudaStream_t stream);
+
+// hidden = LayerNorm(x + hidden) * gamma + beta, row by row over [num_tokens, width] (x already holds the bias).
+template <typename T>
+void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t num_tokens, int64_t width,
+                             float epsilon, T* hidden, cudaStream_t stream);
+
+// x = GELU(x) (erf form) in place over count elements; count must be even.
+template <typename T>
+void LaunchGelu(T* x, int64_t count, cudaStream_t stream);
+
+// Attention of every row over its own real tokens: context[t, h*D:(h+1)*D] from qkv [num_tokens, 3H]
+// (query | key | value blocks, head h at columns h*D of each). max_seqlen bounds every row's length.
+template <typename T>
+void LaunchAttention(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
+                     int64_t head_size, T* context, cudaStream_t stream);
+
+template <typename T>
+void LaunchGatherFirstToken(const T* packed, int64_t hidden, const int32_t* cu_seqlens, int64_t batch, T* first,
+                            cudaStream_t stream);
+
+template <typename T>
+void LaunchRemovePadding(const T* padded, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
+                         int64_t num_tokens, T* packed, cudaStream_t stream);
+
+template <typename T>
+void LaunchRebuildPadding(const T* packed, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
+                          T* padded, cudaStream_t stream);
+
+// scores[b] = sigmoid(tanh(pooled[b]) @ classifier + bias) for one label; for two labels the softmax
+// probability of label 1. pooled [batch, hidden] already holds the pooler bias.
+template <typename T>
+void LaunchRankerHead(const T* pooled, const T* classifier_kernel, const T* classifier_bias, int64_t batch,
+                      int64_t hidden, int64_t num_labels, float* scores, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace bertserve
+
+#endif  // BERTSERVE_KERNELS_CUDA_KERNELS_H_

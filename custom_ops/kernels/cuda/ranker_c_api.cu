@@ -1,0 +1,232 @@
+// A C ABI over the CUDA core for drivers without TensorFlow (the GPU harness loads it with ctypes): a whole
+// ranker forward (embedding, encoder, first-token gather, pooler GEMM, tanh + classifier + sigmoid) on device
+// buffers owned by the caller, plus the padding ops. Every function returns 0 or 1 and leaves the message of a
+// failure in bertserve_cuda_last_error(). Nothing here synchronises with the device.
+#include <cuda_fp16.h>
+
+#include <exception>
+#include <string>
+
+#include "custom_ops/kernels/bert_core.h"
+#include "custom_ops/kernels/cuda/common.cuh"
+#include "custom_ops/kernels/cuda/gemm.h"
+#include "custom_ops/kernels/cuda/kernels.h"
+
+namespace bertserve {
+namespace cuda {
+namespace {
+
+thread_local std::string last_error;
+
+// Device pointers in this order (qkv fused as [L, H, 3H] = concat(query, key, value) on the last axis).
+enum WeightIndex {
+  kWord, kPosition, kTokenType, kEmbeddingGamma, kEmbeddingBeta,
+  kQkvKernel, kQkvBias, kAttentionOutputKernel, kAttentionOutputBias, kAttentionGamma, kAttentionBeta,
+  kIntermediateKernel, kIntermediateBias, kOutputKernel, kOutputBias, kOutputGamma, kOutputBeta,
+  kPoolerKernel, kPoolerBias, kClassifierKernel, kClassifierBias, kNumWeights
+};
+
+struct Ranker {
+  bool half;
+  EncoderDims dims;
+  int64_t vocab_size, max_positions, type_vocab_size, num_labels;
+  const void* weights[kNumWeights];
+  GemmContext* gemm;
+};
+
+int64_t ElementBytes(const Ranker& r) { return r.half ? 2 : 4; }
+
+int64_t AlignedBytes(int64_t bytes) { return CeilDiv(bytes, 256) * 256; }
+
+template <typename T>
+EncoderWeights<T> EncoderWeightsOf(const Ranker& r) {
+  auto p = [&r](int i) { return static_cast<const T*>(r.weights[i]); };
+  EncoderWeights<T> w;
+  w.qkv_kernel = p(kQkvKernel);
+  w.qkv_bias = p(kQkvBias);
+  w.attention_output_kernel = p(kAttentionOutputKernel);
+  w.attention_output_bias = p(kAttentionOutputBias);
+  w.attention_ln_gamma = p(kAttentionGamma);
+  w.attention_ln_beta = p(kAttentionBeta);
+  w.intermediate_kernel = p(kIntermediateKernel);
+  w.intermediate_bias = p(kIntermediateBias);
+  w.output_kernel = p(kOutputKernel);
+  w.output_bias = p(kOutputBias);
+  w.output_ln_gamma = p(kOutputGamma);
+  w.output_ln_beta = p(kOutputBeta);
+  return w;
+}
+
+template <typename T>
+EmbeddingWeights<T> EmbeddingWeightsOf(const Ranker& r) {
+  auto p = [&r](int i) { return static_cast<const T*>(r.weights[i]); };
+  EmbeddingWeights<T> w;
+  w.word = p(kWord);
+  w.position = p(kPosition);
+  w.token_type = p(kTokenType);
+  w.ln_gamma = p(kEmbeddingGamma);
+  w.ln_beta = p(kEmbeddingBeta);
+  w.vocab_size = r.vocab_size;
+  w.max_positions = r.max_positions;
+  w.type_vocab_size = r.type_vocab_size;
+  w.hidden = r.dims.hidden;
+  w.layer_norm_epsilon = r.dims.layer_norm_epsilon;
+  return w;
+}
+
+// Workspace: packed hidden [N, H] | first tokens [B, H] | pooled [B, H] | encoder scratch.
+template <typename T>
+void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
+             const PackedBatch& batch, void* workspace, T* hidden_out, float* scores, void* stream) {
+  using D = DeviceT<T>;
+  const int64_t h = r.dims.hidden;
+  auto* p = static_cast<unsigned char*>(workspace);
+  T* hidden = reinterpret_cast<T*>(p);
+  p += AlignedBytes(batch.num_tokens * h * sizeof(T));
+  if (hidden_out != nullptr) hidden = hidden_out;
+  D* first = reinterpret_cast<D*>(p);
+  p += AlignedBytes(batch.batch * h * sizeof(T));
+  D* pooled = reinterpret_cast<D*>(p);
+  p += AlignedBytes(batch.batch * h * sizeof(T));
+  void* encoder_workspace = p;
+
+  Embedding<T>(EmbeddingWeightsOf<T>(r), input_ids, segment_ids, seq, batch, hidden, stream);
+  Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream);
+  LaunchGatherFirstToken<D>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, first, AsStream(stream));
+  // The pooler GEMM reuses the encoder scratch's leading cuBLASLt workspace.
+  GemmBias<D>(r.gemm, first, static_cast<const D*>(r.weights[kPoolerKernel]),
+              static_cast<const D*>(r.weights[kPoolerBias]), pooled, batch.batch, h, h, encoder_workspace, stream);
+  LaunchRankerHead<D>(pooled, static_cast<const D*>(r.weights[kClassifierKernel]),
+                      static_cast<const D*>(r.weights[kClassifierBias]), batch.batch, h, r.num_labels, scores,
+                      AsStream(stream));
+}
+
+PackedBatch MakeBatch(int64_t batch, int64_t num_tokens, int64_t max_seqlen, const int32_t* cu_host,
+                      const int32_t* cu_device) {
+  PackedBatch b;
+  b.batch = batch;
+  b.num_tokens = num_tokens;
+  b.max_seqlen = max_seqlen;
+  b.cu_seqlens_host = cu_host;
+  b.cu_seqlens_device = cu_device;
+  return b;
+}
+
+template <typename Fn>
+int Guarded(const Fn& fn) {
+  try {
+    fn();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace bertserve
+
+using bertserve::cuda::Ranker;
+
+extern "C" {
+
+const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
+
+// half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
+void* bertserve_cuda_ranker_create(int half, int64_t vocab_size, int64_t hidden, int64_t num_heads,
+                                   int64_t intermediate, int64_t num_layers, int64_t max_positions,
+                                   int64_t type_vocab_size, int64_t num_labels, float layer_norm_epsilon,
+                                   const void* const* weights) {
+  Ranker* ranker = nullptr;
+  const int status = bertserve::cuda::Guarded([&] {
+    if (num_labels != 1 && num_labels != 2) throw std::runtime_error("num_labels must be 1 or 2");
+    auto* r = new Ranker{};
+    r->half = half != 0;
+    r->dims.hidden = hidden;
+    r->dims.num_heads = num_heads;
+    r->dims.intermediate = intermediate;
+    r->dims.num_layers = num_layers;
+    r->dims.layer_norm_epsilon = layer_norm_epsilon;
+    r->vocab_size = vocab_size;
+    r->max_positions = max_positions;
+    r->type_vocab_size = type_vocab_size;
+    r->num_labels = num_labels;
+    for (int i = 0; i < bertserve::cuda::kNumWeights; ++i) r->weights[i] = weights[i];
+    try {
+      r->gemm = bertserve::cuda::CreateGemmContext();
+    } catch (...) {
+      delete r;
+      throw;
+    }
+    ranker = r;
+  });
+  return status == 0 ? ranker : nullptr;
+}
+
+void bertserve_cuda_ranker_destroy(void* ranker) {
+  auto* r = static_cast<Ranker*>(ranker);
+  if (r == nullptr) return;
+  bertserve::cuda::DestroyGemmContext(r->gemm);
+  delete r;
+}
+
+int64_t bertserve_cuda_ranker_workspace_bytes(void* ranker, int64_t max_tokens, int64_t max_batch) {
+  const Ranker& r = *static_cast<Ranker*>(ranker);
+  const int64_t e = bertserve::cuda::ElementBytes(r);
+  const int64_t encoder = r.half ? bertserve::cuda::EncoderWorkspaceBytes<bertserve::fp16>(r.dims, max_tokens)
+                                 : bertserve::cuda::EncoderWorkspaceBytes<float>(r.dims, max_tokens);
+  return bertserve::cuda::AlignedBytes(max_tokens * r.dims.hidden * e) +
+         2 * bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * e) + encoder;
+}
+
+// input_ids/segment_ids: device [batch, seq]; cu_seqlens on host and device; num_tokens >= cu_seqlens[batch]
+// (a larger value runs a CUDA-graph bucket); hidden_out: device [num_tokens, H] or null; scores: device [batch].
+int bertserve_cuda_ranker_forward(void* ranker, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
+                                  int64_t batch, const int32_t* cu_seqlens_host, const int32_t* cu_seqlens_device,
+                                  int64_t num_tokens, int64_t max_seqlen, void* workspace, void* hidden_out,
+                                  float* scores, void* stream) {
+  return bertserve::cuda::Guarded([&] {
+    const Ranker& r = *static_cast<Ranker*>(ranker);
+    const bertserve::PackedBatch b =
+        bertserve::cuda::MakeBatch(batch, num_tokens, max_seqlen, cu_seqlens_host, cu_seqlens_device);
+    if (r.half) {
+      bertserve::cuda::Forward<bertserve::fp16>(r, input_ids, segment_ids, seq, b, workspace,
+                                                static_cast<bertserve::fp16*>(hidden_out), scores, stream);
+    } else {
+      bertserve::cuda::Forward<float>(r, input_ids, segment_ids, seq, b, workspace, static_cast<float*>(hidden_out),
+                                      scores, stream);
+    }
+  });
+}
+
+// The padding ops on fp16 or float (half = 1 or 0) device buffers.
+int bertserve_cuda_remove_padding(int half, const void* padded, int64_t seq, int64_t hidden, int64_t batch,
+                                  const int32_t* cu_seqlens_device, int64_t num_tokens, void* packed, void* stream) {
+  return bertserve::cuda::Guarded([&] {
+    const bertserve::PackedBatch b = bertserve::cuda::MakeBatch(batch, num_tokens, seq, nullptr, cu_seqlens_device);
+    if (half) {
+      bertserve::cuda::RemovePadding(static_cast<const bertserve::fp16*>(padded), seq, hidden, b,
+                                     static_cast<bertserve::fp16*>(packed), stream);
+    } else {
+      bertserve::cuda::RemovePadding(static_cast<const float*>(padded), seq, hidden, b, static_cast<float*>(packed),
+                                     stream);
+    }
+  });
+}
+
+int bertserve_cuda_rebuild_padding(int half, const void* packed, int64_t seq, int64_t hidden, int64_t batch,
+                                   const int32_t* cu_seqlens_device, void* padded, void* stream) {
+  return bertserve::cuda::Guarded([&] {
+    const bertserve::PackedBatch b = bertserve::cuda::MakeBatch(batch, 0, seq, nullptr, cu_seqlens_device);
+    if (half) {
+      bertserve::cuda::RebuildPadding(static_cast<const bertserve::fp16*>(packed), seq, hidden, b,
+                                      static_cast<bertserve::fp16*>(padded), stream);
+    } else {
+      bertserve::cuda::RebuildPadding(static_cast<const float*>(packed), seq, hidden, b, static_cast<float*>(padded),
+                                      stream);
+    }
+  });
+}
+
+}  // extern "C"
