@@ -24,18 +24,19 @@ DRAIN_GRACE_SECONDS = 30.0
 
 
 def _load_custom_ops() -> None:
-    """Register bertserve's fused ops before any SavedModel loads, as a TF Serving build links them in.
+    """Registers bertserve's fused ops before any SavedModel loads, as a TF Serving build links them in.
 
     A missing op library must not stop the server: stock-op models still serve, and a fused model then fails
     to load with TensorFlow's "Op type not registered" error in its status.
     """
     try:
-        importlib.import_module("bertserve.custom_ops")
-    except Exception as exc:  # noqa: BLE001 - any import failure is reported, not fatal
-        log.warning("bertserve.custom_ops could not be imported (%s: %s); fused models will not load",
+        custom_ops = importlib.import_module("bertserve.custom_ops")
+        custom_ops.load_op_library()
+    except Exception as exc:  # noqa: BLE001 - any failure is reported, not fatal
+        log.warning("bertserve fused ops not loaded (%s: %s); SavedModels using them will fail to load",
                     type(exc).__name__, exc)
         return
-    log.info("bertserve.custom_ops imported")
+    log.info("bertserve fused ops loaded from %s", custom_ops.library_path())
 
 
 def _configure_tensorflow(options: ServerOptions) -> None:
