@@ -49,6 +49,10 @@ class ServerOptions:
             return self.grpc_max_threads
         return max(4 * (os.cpu_count() or 1), 2 * max_batch_size)
 
+    def effective_rest_threads(self) -> int:
+        """TF Serving's default: 4 x CPUs."""
+        return self.rest_api_num_threads if self.rest_api_num_threads > 0 else 4 * (os.cpu_count() or 1)
+
 
 _HELP = {
     "port": "TCP port for the gRPC API (0 disables it)",

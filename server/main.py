@@ -103,7 +103,8 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
         enable_model_warmup=options.enable_model_warmup,
         warmup_iterations=options.num_request_iterations_for_warmup,
         allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
-        batching=batching), metrics)
+        batching=batching, max_load_retries=options.max_num_load_retries,
+        load_retry_interval_seconds=max(0.0, options.load_retry_interval_micros / 1e6)), metrics)
     manager.apply_config(config)
     manager.poll()
     try:
@@ -120,7 +121,9 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
                 options.port, options.effective_grpc_threads(batching.max_batch_size if batching else 0), predictor)
             log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
         if options.rest_api_port:
-            rest_server = RestServer(options.rest_api_port, RestApi(predictor, metrics, prometheus_path))
+            rest_server = RestServer(options.rest_api_port, RestApi(predictor, metrics, prometheus_path,
+                                                                    options.rest_api_timeout_in_ms / 1000.0),
+                                     options.effective_rest_threads())
             log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
     except OSError as exc:
         log.error("%s", exc)

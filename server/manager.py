@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from typing import Iterator
 
 from tensorflow_serving.apis import get_model_status_pb2
@@ -36,6 +37,13 @@ class VersionRecord:
     error: ServingError | None = None
     servable: LoadedVersion | None = None
     queues: dict[str, BatchingQueue] = dataclasses.field(default_factory=dict)
+    failed_attempts: int = 0
+    failed_at: float = 0.0
+
+    def should_retry(self, max_retries: int, interval_seconds: float) -> bool:
+        """A failed load is retried on later polls, at most max_retries times, interval apart (never blocking)."""
+        return (self.state == State.END and self.error is not None and self.failed_attempts <= max_retries
+                and time.monotonic() - self.failed_at >= interval_seconds)
 
 
 @dataclasses.dataclass
@@ -61,6 +69,8 @@ class ManagerOptions:
     warmup_iterations: int
     allow_labels_for_unavailable: bool
     batching: BatchingOptions | None
+    max_load_retries: int = 5
+    load_retry_interval_seconds: float = 60.0
 
 
 def list_versions(base_path: str) -> list[int]:
@@ -144,18 +154,22 @@ class ModelManager:
         wanted = aspired_versions(entry.config.model_version_policy, found)
         for version in wanted:
             record = entry.versions.get(version)
-            if record is None or record.state == State.END and record.error is None:
-                self._load(entry, version)
-        for version, record in list(entry.versions.items()):
-            if version not in wanted and record.state == State.AVAILABLE:
-                self._unload(name, record)
+            if (record is None or record.state == State.END and record.error is None
+                    or record.should_retry(self.options.max_load_retries, self.options.load_retry_interval_seconds)):
+                self._load(entry, version, record.failed_attempts if record is not None else 0)
+        # Availability preserving: old versions go only once a wanted one serves (a failed new version leaves
+        # the old one serving).
+        if any(entry.versions[v].state == State.AVAILABLE for v in wanted if v in entry.versions):
+            for version, record in list(entry.versions.items()):
+                if version not in wanted and record.state == State.AVAILABLE:
+                    self._unload(name, record)
 
     # ---- load / unload -------------------------------------------------------------------------------------
 
-    def _load(self, entry: ModelEntry, version: int) -> None:
+    def _load(self, entry: ModelEntry, version: int, failed_attempts: int) -> None:
         name = entry.config.name
         path = os.path.join(entry.config.base_path, str(version))
-        record = VersionRecord(version=version, state=State.LOADING)
+        record = VersionRecord(version=version, state=State.LOADING, failed_attempts=failed_attempts)
         with self._lock:
             entry.versions[version] = record
         try:
@@ -169,8 +183,10 @@ class ModelManager:
             error = from_exception(exc)
             with self._lock:
                 record.state, record.error = State.END, error
+                record.failed_attempts, record.failed_at = record.failed_attempts + 1, time.monotonic()
             self.metrics.load_count.inc(path, "error")
-            log.error("Loading servable {name: %s version: %d} failed: %s", name, version, error)
+            log.error("Loading servable {name: %s version: %d} failed (attempt %d): %s",
+                      name, version, record.failed_attempts, error)
             return
         with self._lock:
             record.servable, record.queues, record.state = servable, queues, State.AVAILABLE

@@ -6,6 +6,7 @@ import json
 import logging
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -86,8 +87,10 @@ def _predict_body(outputs: dict[str, np.ndarray], is_row: bool) -> dict:
 class RestApi:
     """Routes one HTTP request to the model server's functions; returns (status, JSON-able body or bytes)."""
 
-    def __init__(self, predictor: Predictor, metrics: ServerMetrics, prometheus_path: str | None):
+    def __init__(self, predictor: Predictor, metrics: ServerMetrics, prometheus_path: str | None,
+                 timeout_seconds: float):
         self.predictor, self.metrics, self.prometheus_path = predictor, metrics, prometheus_path
+        self.timeout_seconds = timeout_seconds
 
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict | bytes]:
         try:
@@ -137,12 +140,13 @@ class RestApi:
 
         result = self.predictor.predict(model_name=name, version=version, label=label,
                                         signature_name=signature_name, inputs_of=inputs_of, output_filter=[],
-                                        deadline=None, entrypoint="REST")
+                                        deadline=time.monotonic() + self.timeout_seconds, entrypoint="REST")
         return _predict_body(result.outputs, layout["row"])
 
 
 class _Handler(BaseHTTPRequestHandler):
     api: RestApi  # set on the subclass made per server
+    slots: threading.BoundedSemaphore  # --rest_api_num_threads requests handled at once
     protocol_version = "HTTP/1.0"
 
     def _respond(self, method: str) -> None:
@@ -156,7 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
             status, payload = 400, {"error": f"bad Content-Length {length_text!r} (limit {MAX_BODY_BYTES} bytes)"}
         else:
             body = self.rfile.read(length) if length else b""
-            status, payload = self.api.handle(method, self.path.split("?", 1)[0], body)
+            with self.slots:
+                status, payload = self.api.handle(method, self.path.split("?", 1)[0], body)
         if isinstance(payload, bytes):
             data, content_type = payload, "text/plain; version=0.0.4; charset=utf-8"
         else:
@@ -180,8 +185,8 @@ class _Handler(BaseHTTPRequestHandler):
 class RestServer:
     """A threaded HTTP server; close() stops accepting and waits for in-flight requests."""
 
-    def __init__(self, port: int, api: RestApi):
-        handler = type("BoundHandler", (_Handler,), {"api": api})
+    def __init__(self, port: int, api: RestApi, num_threads: int):
+        handler = type("BoundHandler", (_Handler,), {"api": api, "slots": threading.BoundedSemaphore(num_threads)})
         self._server = ThreadingHTTPServer(("0.0.0.0", port), handler)
         self._server.daemon_threads = False
         self._server.block_on_close = True

@@ -74,15 +74,31 @@ def test_failed_load_is_reported_others_serve_and_reload_applies(models_dir, tmp
     broken = tmp_path / "broken" / "1"
     broken.mkdir(parents=True)
     (broken / "saved_model.pb").write_bytes(b"not a SavedModel")
+    shutil.copytree(os.path.join(models_dir, "tiny", "1"), tmp_path / "flaky" / "1")
     config = model_server_config_pb2.ModelServerConfig()
     good = config.model_config_list.config.add(name="good", base_path=os.path.join(models_dir, "tiny"))
     good.model_version_policy.specific.versions.append(1)
     config.model_config_list.config.add(name="broken", base_path=str(tmp_path / "broken"))
+    flaky = config.model_config_list.config.add(name="flaky", base_path=str(tmp_path / "flaky"))
+    flaky.model_version_policy.latest.num_versions = 1
     (tmp_path / "models.config").write_text(str(config))
-    server = start_server(f"--model_config_file={tmp_path / 'models.config'}", "--enable_model_warmup=true")
+    server = start_server(f"--model_config_file={tmp_path / 'models.config'}", "--enable_model_warmup=true",
+                          "--max_num_load_retries=1", "--load_retry_interval_micros=0")
 
     status = _statuses(server, "broken")[1]
     assert status.state == State.END and status.status.error_code != 0 and status.status.error_message
+    # Availability preserving: a new version of "flaky" that fails to load leaves the serving one in place.
+    shutil.copytree(broken, tmp_path / "flaky-staging")
+    os.rename(tmp_path / "flaky-staging", tmp_path / "flaky" / "2")
+    assert _wait_until(lambda: 2 in _statuses(server, "flaky") and _statuses(server, "flaky")[2].state == State.END)
+    flaky_status = _statuses(server, "flaky")
+    assert flaky_status[2].state == State.END and flaky_status[2].status.error_message
+    assert flaky_status[1].state == State.AVAILABLE
+    assert server.predict.Predict(predict_request("flaky", token_inputs(1, 8)), timeout=30).model_spec.version.value == 1
+    # One retry on a later poll (--max_num_load_retries=1), then no more.
+    assert _wait_until(lambda: "{name: broken version: 1} failed (attempt 2)" in server.log())
+    time.sleep(2.5)
+    assert "{name: broken version: 1} failed (attempt 3)" not in server.log()
     assert server.predict.Predict(predict_request("good", token_inputs(2, 8)), timeout=30).model_spec.version.value == 1
     with pytest.raises(grpc.RpcError) as info:
         server.predict.Predict(predict_request("broken", token_inputs(2, 8)), timeout=30)
@@ -91,7 +107,7 @@ def test_failed_load_is_reported_others_serve_and_reload_applies(models_dir, tmp
     assert "model good version 1: warmed up with 2 requests" in log
     assert "Loading servable {name: broken version: 1} failed" in log
 
-    del config.model_config_list.config[1]
+    del config.model_config_list.config[1:]
     config.model_config_list.config.add(name="third", base_path=os.path.join(models_dir, "tiny"))
     server.models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=120)
     assert server.predict.Predict(predict_request("third", token_inputs(1, 8)), timeout=30).model_spec.version.value == 2
