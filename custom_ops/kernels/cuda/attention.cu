@@ -1,12 +1,12 @@
 // Attention over packed rows. Two kernels:
-//  - FusedShortAttentionKernel (fp16, head size 32 or 64, rows <= 128 tokens): one block per (head, row) loads
-//    that head's Q, K, V into shared memory once, then each warp takes 16 query rows: QK^T on Tensor Cores (wmma,
-//    fp32 accumulation), masked softmax in fp32 registers, PV on Tensor Cores, and writes the context. Scores
-//    never leave shared memory and padded keys are masked, so the kernel's cost follows the real lengths.
+//  - FusedShortAttentionKernel (fp16, head size 32 or 64, rows <= 128 tokens): one block per (row, head) stages
+//    that head's Q, K, V in shared memory once; each warp then owns 16 query rows and keeps everything else in
+//    registers: QK^T with mma.sync m16n8k16 (fp16 in, fp32 accumulate), the masked softmax on the accumulator
+//    fragments (a row lives in 4 lanes, so its max and sum take two shuffles), the probabilities re-packed in
+//    place as the A operand of PV (no trip through shared memory), PV with mma.sync, and the 1/sum scaling on
+//    the way out. Padded keys are masked, so the cost follows the real lengths.
 //  - StreamingAttentionKernel (any head size <= 128, any length, float or half): one warp per query row with an
 //    online softmax over keys; the fallback for float and long rows.
-#include <mma.h>
-
 #include <algorithm>
 #include <string>
 
@@ -17,49 +17,65 @@ namespace bertserve {
 namespace cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
-
-constexpr int kTile = 16;
 constexpr int kMaxFusedSeqlen = 128;
-constexpr int kMaxFusedWarps = 4;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Shared-memory layout of the fused kernel for rows up to `max_len` (multiple of 16) and head size D.
-struct FusedLayout {
-  int max_len, warps, ld_qkv, ld_scores, ld_probs;
-  __host__ __device__ FusedLayout(int max_seqlen, int head_size)
-      : max_len((max_seqlen + kTile - 1) / kTile * kTile),
-        warps(min(kMaxFusedWarps, (max_seqlen + kTile - 1) / kTile)),
-        ld_qkv(head_size + 8),  // +8 halves (16 bytes) per row against bank conflicts; wmma needs ld % 8 == 0
-        ld_scores(max(max_len, head_size) + 4),
-        ld_probs(max_len + 8) {}
-  __host__ __device__ size_t qkv_bytes() const { return 3ull * max_len * ld_qkv * sizeof(__half); }
-  __host__ __device__ size_t scores_bytes() const { return size_t{kTile} * ld_scores * sizeof(float); }
-  __host__ __device__ size_t probs_bytes() const { return size_t{kTile} * ld_probs * sizeof(__half); }
-  __host__ __device__ size_t bytes() const { return qkv_bytes() + warps * (scores_bytes() + probs_bytes()); }
-};
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
-template <int D>
-__global__ void __launch_bounds__(kMaxFusedWarps * 32)
-    FusedShortAttentionKernel(const __half* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int max_seqlen,
-                              int hidden, float scale_log2, __half* __restrict__ context) {
+__device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const __half* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SharedAddress(p)));
+}
+
+__device__ __forceinline__ void LoadMatrixX2(uint32_t (&r)[2], const __half* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(SharedAddress(p)));
+}
+
+__device__ __forceinline__ void LoadMatrixX2Trans(uint32_t (&r)[2], const __half* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(SharedAddress(p)));
+}
+
+// d += a (16x16, row-major) * b (16x8, column-major), fp16 inputs, fp32 accumulators.
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// kMaxKeys (32, 64 or 128) bounds the rows of this launch; the block has kMaxKeys / 16 warps.
+template <int D, int kMaxKeys>
+__global__ void __launch_bounds__(kMaxKeys / 16 * 32)
+    FusedShortAttentionKernel(const __half* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
+                              float scale_log2, __half* __restrict__ context) {
+  constexpr int kLd = D + 8;  // +16 bytes per row: the 8 rows an ldmatrix reads hit distinct banks
+  constexpr int kKeyTiles = kMaxKeys / 8;
+  constexpr int kDimTiles = D / 8;
+  extern __shared__ __align__(16) unsigned char smem[];  // Q, K, V: [kMaxKeys, kLd] each
+  __half* q_s = reinterpret_cast<__half*>(smem);
+  __half* k_s = q_s + kMaxKeys * kLd;
+  __half* v_s = k_s + kMaxKeys * kLd;
+
   const int row = blockIdx.x, head = blockIdx.y;
   const int begin = cu_seqlens[row];
   const int len = cu_seqlens[row + 1] - begin;
   if (len == 0) return;
-  const FusedLayout layout(max_seqlen, D);
-  const int padded_len = (len + kTile - 1) / kTile * kTile;
+  const int padded_len = (len + 15) & ~15;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  extern __shared__ __align__(16) unsigned char smem[];
-  __half* q_s = reinterpret_cast<__half*>(smem);
-  __half* k_s = q_s + layout.max_len * layout.ld_qkv;
-  __half* v_s = k_s + layout.max_len * layout.ld_qkv;
-  unsigned char* warp_smem = smem + layout.qkv_bytes() + warp * (layout.scores_bytes() + layout.probs_bytes());
-  float* scores = reinterpret_cast<float*>(warp_smem);
-  __half* probs = reinterpret_cast<__half*>(warp_smem + layout.scores_bytes());
-
-  // Q, K, V of this head: 16-byte loads, rows past the real length zeroed (they feed masked tiles only).
   constexpr int kVecsPerRow = D / 8;
   const int64_t row_stride = 3ll * hidden;
   for (int i = threadIdx.x; i < padded_len * kVecsPerRow; i += blockDim.x) {
@@ -71,80 +87,98 @@ __global__ void __launch_bounds__(kMaxFusedWarps * 32)
       k = *reinterpret_cast<const uint4*>(src + hidden);
       v = *reinterpret_cast<const uint4*>(src + 2 * hidden);
     }
-    *reinterpret_cast<uint4*>(q_s + r * layout.ld_qkv + c) = q;
-    *reinterpret_cast<uint4*>(k_s + r * layout.ld_qkv + c) = k;
-    *reinterpret_cast<uint4*>(v_s + r * layout.ld_qkv + c) = v;
+    *reinterpret_cast<uint4*>(q_s + r * kLd + c) = q;
+    *reinterpret_cast<uint4*>(k_s + r * kLd + c) = k;
+    *reinterpret_cast<uint4*>(v_s + r * kLd + c) = v;
   }
   __syncthreads();
+  const int q0 = warp * 16;
+  if (q0 >= padded_len) return;
+  const int key_tiles = padded_len / 8;
 
-  constexpr int kMaxKeysPerLane = kMaxFusedSeqlen / 32;
-  for (int qt = warp; qt < padded_len / kTile; qt += layout.warps) {
-    // scores[16, padded_len] = Q_tile K^T
-    for (int kt = 0; kt < padded_len / kTile; ++kt) {
-      wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float> acc;
-      wmma::fill_fragment(acc, 0.f);
+  // S = Q K^T for this warp's 16 query rows: s[nt] is the 16x8 tile of keys nt*8 .. nt*8+7.
+  float s[kKeyTiles][4];
 #pragma unroll
-      for (int d0 = 0; d0 < D; d0 += kTile) {
-        wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, __half, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, __half, wmma::col_major> b;
-        wmma::load_matrix_sync(a, q_s + qt * kTile * layout.ld_qkv + d0, layout.ld_qkv);
-        wmma::load_matrix_sync(b, k_s + kt * kTile * layout.ld_qkv + d0, layout.ld_qkv);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(scores + kt * kTile, acc, layout.ld_scores, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Softmax of each of the 16 rows over the real keys, fp32; probabilities stored as fp16 for PV.
-    for (int r = 0; r < kTile; ++r) {
-      float s[kMaxKeysPerLane];
-      float row_max = -INFINITY;
+  for (int nt = 0; nt < kKeyTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-      for (int i = 0; i < kMaxKeysPerLane; ++i) {
-        const int j = lane + 32 * i;
-        s[i] = j < len ? scores[r * layout.ld_scores + j] * scale_log2 : -INFINITY;
-        row_max = fmaxf(row_max, s[i]);
-      }
-      row_max = WarpMax(row_max);
-      float sum = 0.f;
+  for (int kc = 0; kc < D / 16; ++kc) {
+    uint32_t a[4];
+    LoadMatrixX4(a, q_s + (q0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kLd + kc * 16 + (lane >> 4) * 8);
 #pragma unroll
-      for (int i = 0; i < kMaxKeysPerLane; ++i) {
-        s[i] = exp2f(s[i] - row_max);  // exp2(-inf) = 0 for masked keys; row_max is finite (len >= 1)
-        sum += s[i];
-      }
-      const float inv_sum = 1.f / WarpSum(sum);
-#pragma unroll
-      for (int i = 0; i < kMaxKeysPerLane; ++i) {
-        const int j = lane + 32 * i;
-        if (j < padded_len) probs[r * layout.ld_probs + j] = __float2half_rn(s[i] * inv_sum);
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+      if (nt < key_tiles) {
+        uint32_t b[2];
+        LoadMatrixX2(b, k_s + (nt * 8 + (lane & 7)) * kLd + kc * 16 + ((lane >> 3) & 1) * 8);
+        Mma16816(s[nt], a, b);
       }
     }
-    __syncwarp();
-    // context tile [16, D] = P V, staged through the (now free) scores buffer.
+  }
+
+  // Softmax over real keys. Lane holds rows g = lane/4 (s[.][0..1]) and g+8 (s[.][2..3]), keys nt*8 + 2*(lane%4).
+  const int key_in_tile = 2 * (lane & 3);
+  float max_lo = -INFINITY, max_hi = -INFINITY;
 #pragma unroll
-    for (int dt = 0; dt < D / kTile; ++dt) {
-      wmma::fragment<wmma::accumulator, kTile, kTile, kTile, float> acc;
-      wmma::fill_fragment(acc, 0.f);
-      for (int kt = 0; kt < padded_len / kTile; ++kt) {
-        wmma::fragment<wmma::matrix_a, kTile, kTile, kTile, __half, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, kTile, kTile, kTile, __half, wmma::row_major> b;
-        wmma::load_matrix_sync(a, probs + kt * kTile, layout.ld_probs);
-        wmma::load_matrix_sync(b, v_s + kt * kTile * layout.ld_qkv + dt * kTile, layout.ld_qkv);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(scores + dt * kTile, acc, layout.ld_scores, wmma::mem_row_major);
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = nt * 8 + key_in_tile + (e & 1);
+      s[nt][e] = (nt < key_tiles && key < len) ? s[nt][e] * scale_log2 : -INFINITY;
     }
-    __syncwarp();
-    constexpr int kPairsPerRow = D / 2;
-    for (int i = lane; i < kTile * kPairsPerRow; i += 32) {
-      const int r = i / kPairsPerRow, c = (i % kPairsPerRow) * 2;
-      const int token = qt * kTile + r;
-      if (token < len) {
-        const float* src = scores + r * layout.ld_scores + c;
-        *reinterpret_cast<__half2*>(context + static_cast<int64_t>(begin + token) * hidden + head * D + c) =
-            __floats2half2_rn(src[0], src[1]);
+    max_lo = fmaxf(max_lo, fmaxf(s[nt][0], s[nt][1]));
+    max_hi = fmaxf(max_hi, fmaxf(s[nt][2], s[nt][3]));
+  }
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset <<= 1) {
+    max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, offset));
+    max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, offset));
+  }
+  float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < kKeyTiles; ++nt) {
+    s[nt][0] = exp2f(s[nt][0] - max_lo);  // masked keys: exp2(-inf) = 0; each row has a real key, so max is finite
+    s[nt][1] = exp2f(s[nt][1] - max_lo);
+    s[nt][2] = exp2f(s[nt][2] - max_hi);
+    s[nt][3] = exp2f(s[nt][3] - max_hi);
+    sum_lo += s[nt][0] + s[nt][1];
+    sum_hi += s[nt][2] + s[nt][3];
+  }
+#pragma unroll
+  for (int offset = 1; offset <= 2; offset <<= 1) {
+    sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, offset);
+    sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, offset);
+  }
+
+  // O = P V: the accumulators of key tiles 2j and 2j+1 are exactly the A fragment of key chunk j (16 keys).
+  float o[kDimTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDimTiles; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kKeyTiles / 2; ++j) {
+    if (2 * j < key_tiles) {
+      const uint32_t a[4] = {PackHalf2(s[2 * j][0], s[2 * j][1]), PackHalf2(s[2 * j][2], s[2 * j][3]),
+                             PackHalf2(s[2 * j + 1][0], s[2 * j + 1][1]), PackHalf2(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < kDimTiles; ++dt) {
+        uint32_t b[2];
+        LoadMatrixX2Trans(b, v_s + (j * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kLd + dt * 8);
+        Mma16816(o[dt], a, b);
       }
     }
-    __syncwarp();
+  }
+
+  const float inv_lo = 1.f / sum_lo, inv_hi = 1.f / sum_hi;
+  const int row_lo = q0 + (lane >> 2), row_hi = row_lo + 8;
+#pragma unroll
+  for (int dt = 0; dt < kDimTiles; ++dt) {
+    const int col = head * D + dt * 8 + key_in_tile;
+    if (row_lo < len) {
+      *reinterpret_cast<__half2*>(context + static_cast<int64_t>(begin + row_lo) * hidden + col) =
+          __floats2half2_rn(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
+    }
+    if (row_hi < len) {
+      *reinterpret_cast<__half2*>(context + static_cast<int64_t>(begin + row_hi) * hidden + col) =
+          __floats2half2_rn(o[dt][2] * inv_hi, o[dt][3] * inv_hi);
+    }
   }
 }
 
@@ -203,20 +237,27 @@ __global__ void __launch_bounds__(kStreamingWarps * 32)
   }
 }
 
-template <int D>
-void LaunchFused(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
-                 float scale_log2, __half* context, cudaStream_t stream) {
-  const FusedLayout layout(static_cast<int>(max_seqlen), D);
-  const size_t smem = layout.bytes();
-  if (smem > 48 * 1024) {
-    ThrowIfFailed(cudaFuncSetAttribute(FusedShortAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)),
+template <int D, int kMaxKeys>
+void LaunchFusedFor(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t num_heads, float scale_log2,
+                    __half* context, cudaStream_t stream) {
+  constexpr int kSmem = 3 * kMaxKeys * (D + 8) * sizeof(__half);
+  if (kSmem > 48 * 1024) {
+    ThrowIfFailed(cudaFuncSetAttribute(FusedShortAttentionKernel<D, kMaxKeys>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   "FusedShortAttentionKernel shared memory");
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads));
-  FusedShortAttentionKernel<D><<<grid, layout.warps * 32, smem, stream>>>(
-      qkv, cu_seqlens, static_cast<int>(max_seqlen), static_cast<int>(num_heads * D), scale_log2, context);
+  FusedShortAttentionKernel<D, kMaxKeys><<<grid, kMaxKeys / 16 * 32, kSmem, stream>>>(
+      qkv, cu_seqlens, static_cast<int>(num_heads * D), scale_log2, context);
   CheckLaunch("FusedShortAttentionKernel");
+}
+
+template <int D>
+void LaunchFused(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
+                 float scale_log2, __half* context, cudaStream_t stream) {
+  if (max_seqlen <= 32) return LaunchFusedFor<D, 32>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, stream);
+  if (max_seqlen <= 64) return LaunchFusedFor<D, 64>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, stream);
+  LaunchFusedFor<D, 128>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, stream);
 }
 
 template <typename T>

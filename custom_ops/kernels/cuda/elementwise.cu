@@ -16,6 +16,17 @@ template <typename T, int kPairs>
 __device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int lane, int width, const T* gamma,
                                                         const T* beta, float epsilon, T* out) {
   using V = Vec2<T>;
+  const auto* g2 = reinterpret_cast<const typename V::type*>(gamma);
+  const auto* b2 = reinterpret_cast<const typename V::type*>(beta);
+  float2 g[kPairs], b[kPairs];  // issued before the reductions so their latency overlaps them
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int p = i * 32 + lane;
+    if (2 * p < width) {
+      g[i] = V::ToFloat2(g2[p]);
+      b[i] = V::ToFloat2(b2[p]);
+    }
+  }
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) sum += v[i].x + v[i].y;
@@ -30,15 +41,13 @@ __device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int
     }
   }
   const float rstd = rsqrtf(WarpSum(sq) / width + epsilon);
-  const auto* g2 = reinterpret_cast<const typename V::type*>(gamma);
-  const auto* b2 = reinterpret_cast<const typename V::type*>(beta);
   auto* o2 = reinterpret_cast<typename V::type*>(out);
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
     const int p = i * 32 + lane;
     if (2 * p < width) {
-      const float2 g = V::ToFloat2(g2[p]), b = V::ToFloat2(b2[p]);
-      o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * g.x + b.x, (v[i].y - mean) * rstd * g.y + b.y));
+      o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * g[i].x + b[i].x,
+                                        (v[i].y - mean) * rstd * g[i].y + b[i].y));
     }
   }
 }
@@ -108,7 +117,6 @@ void DispatchPairs(int64_t width, const Launch& launch) {
   if (pairs <= 12) return launch.template operator()<12>();
   if (pairs <= 16) return launch.template operator()<16>();
   if (pairs <= 32) return launch.template operator()<32>();
-  if (pairs <= 64) return launch.template operator()<64>();
   throw std::runtime_error("hidden size " + std::to_string(width) + " exceeds the CUDA LayerNorm limit " +
                            std::to_string(kMaxLayerNormHidden));
 }
@@ -122,14 +130,22 @@ void CheckWidth(int64_t width) {
 
 __device__ __forceinline__ float GeluErf(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752f)); }
 
+// 16 bytes per thread per step (8 halves or 4 floats); the count % vector tail is done by the first threads.
 template <typename T>
-__global__ void GeluKernel(typename Vec2<T>::type* __restrict__ x, int64_t pairs) {
-  using V = Vec2<T>;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < pairs;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float2 v = V::ToFloat2(x[i]);
-    x[i] = V::FromFloat2(make_float2(GeluErf(v.x), GeluErf(v.y)));
+__global__ void GeluKernel(T* __restrict__ x, int64_t count) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t vectors = count / kVec;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (int64_t i = first; i < vectors; i += stride) {
+    uint4 raw = reinterpret_cast<const uint4*>(x)[i];
+    T* v = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[e] = FromFloat<T>(GeluErf(ToFloat(v[e])));
+    reinterpret_cast<uint4*>(x)[i] = raw;
   }
+  const int64_t tail = vectors * kVec + first;
+  if (tail < count) x[tail] = FromFloat<T>(GeluErf(ToFloat(x[tail])));
 }
 
 template <typename T>
@@ -177,16 +193,16 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    RankerHeadKernel(const T* __restrict__ pooled, const T* __restrict__ classifier_kernel,
-                     const T* __restrict__ classifier_bias, int batch, int width, int num_labels,
-                     float* __restrict__ scores) {
+    RankerHeadKernel(const float* __restrict__ pooled, const T* __restrict__ pooler_bias,
+                     const T* __restrict__ classifier_kernel, const T* __restrict__ classifier_bias, int batch,
+                     int width, int num_labels, float* __restrict__ scores) {
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (b >= batch) return;
-  const T* row = pooled + static_cast<int64_t>(b) * width;
+  const float* row = pooled + static_cast<int64_t>(b) * width;
   float logit0 = 0.f, logit1 = 0.f;
   for (int c = lane; c < width; c += 32) {
-    const float p = tanhf(ToFloat(row[c]));
+    const float p = tanhf(row[c] + ToFloat(pooler_bias[c]));
     logit0 += p * ToFloat(classifier_kernel[c * num_labels]);
     if (num_labels == 2) logit1 += p * ToFloat(classifier_kernel[c * num_labels + 1]);
   }
@@ -233,9 +249,9 @@ void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t 
 template <typename T>
 void LaunchGelu(T* x, int64_t count, cudaStream_t stream) {
   if (count == 0) return;
-  const int64_t pairs = count / 2;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(pairs, 256), 132 * 16));
-  GeluKernel<T><<<blocks, 256, 0, stream>>>(reinterpret_cast<typename Vec2<T>::type*>(x), pairs);
+  const int64_t vectors = std::max<int64_t>(1, count / (16 / sizeof(T)));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(vectors, 256), 132 * 8));
+  GeluKernel<T><<<blocks, 256, 0, stream>>>(x, count);
   CheckLaunch("GeluKernel");
 }
 
@@ -266,11 +282,12 @@ void LaunchRebuildPadding(const T* packed, int64_t seq, int64_t hidden, const in
 }
 
 template <typename T>
-void LaunchRankerHead(const T* pooled, const T* classifier_kernel, const T* classifier_bias, int64_t batch,
-                      int64_t hidden, int64_t num_labels, float* scores, cudaStream_t stream) {
+void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classifier_kernel,
+                      const T* classifier_bias, int64_t batch, int64_t hidden, int64_t num_labels, float* scores,
+                      cudaStream_t stream) {
   if (batch == 0) return;
-  RankerHeadKernel<T><<<WarpBlocks(batch), kThreads, 0, stream>>>(pooled, classifier_kernel, classifier_bias, batch,
-                                                                  hidden, num_labels, scores);
+  RankerHeadKernel<T><<<WarpBlocks(batch), kThreads, 0, stream>>>(pooled, pooler_bias, classifier_kernel,
+                                                                  classifier_bias, batch, hidden, num_labels, scores);
   CheckLaunch("RankerHeadKernel");
 }
 
@@ -284,7 +301,8 @@ void LaunchRankerHead(const T* pooled, const T* classifier_kernel, const T* clas
   template void LaunchRemovePadding<T>(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*,            \
                                        cudaStream_t);                                                               \
   template void LaunchRebuildPadding<T>(const T*, int64_t, int64_t, const int32_t*, int64_t, T*, cudaStream_t);     \
-  template void LaunchRankerHead<T>(const T*, const T*, const T*, int64_t, int64_t, int64_t, float*, cudaStream_t);
+  template void LaunchRankerHead<T>(const float*, const T*, const T*, const T*, int64_t, int64_t, int64_t, float*,   \
+                                    cudaStream_t);
 
 BERTSERVE_INSTANTIATE_ELEMENTWISE(__half)
 BERTSERVE_INSTANTIATE_ELEMENTWISE(float)

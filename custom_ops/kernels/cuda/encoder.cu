@@ -81,20 +81,24 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBa
   const EncoderBuffers<D> buf(dims, n, workspace);
   D* x = ToDevice(hidden);
   const cudaStream_t s = AsStream(stream);
+  const bool gelu_in_epilogue = OptionsOf(gemm).gelu_tanh_epilogue;
+  const Epilogue ffn_epilogue = gelu_in_epilogue ? Epilogue::kBiasGeluTanh : Epilogue::kBias;
+  auto gemm_bias = [&](const D* in, const T* weight, const T* bias, D* out, int64_t n_out, int64_t k_in,
+                       Epilogue epilogue) {
+    Gemm<D, D>(gemm, in, ToDevice(weight), ToDevice(bias), out, n, n_out, k_in, epilogue, buf.gemm_workspace, stream);
+  };
   for (int64_t l = 0; l < dims.num_layers; ++l) {
-    GemmBias<D>(gemm, x, ToDevice(w.qkv_kernel) + l * h * 3 * h, ToDevice(w.qkv_bias) + l * 3 * h, buf.qkv, n, 3 * h,
-                h, buf.gemm_workspace, stream);
+    gemm_bias(x, w.qkv_kernel + l * h * 3 * h, w.qkv_bias + l * 3 * h, buf.qkv, 3 * h, h, Epilogue::kBias);
     LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
                        dims.head_size(), buf.context, s);
-    GemmBias<D>(gemm, buf.context, ToDevice(w.attention_output_kernel) + l * h * h,
-                ToDevice(w.attention_output_bias) + l * h, buf.dense, n, h, h, buf.gemm_workspace, stream);
+    gemm_bias(buf.context, w.attention_output_kernel + l * h * h, w.attention_output_bias + l * h, buf.dense, h, h,
+              Epilogue::kBias);
     LaunchResidualLayerNorm<D>(buf.dense, ToDevice(w.attention_ln_gamma) + l * h,
                                ToDevice(w.attention_ln_beta) + l * h, n, h, dims.layer_norm_epsilon, x, s);
-    GemmBias<D>(gemm, x, ToDevice(w.intermediate_kernel) + l * h * inter, ToDevice(w.intermediate_bias) + l * inter,
-                buf.ffn, n, inter, h, buf.gemm_workspace, stream);
-    LaunchGelu<D>(buf.ffn, n * inter, s);
-    GemmBias<D>(gemm, buf.ffn, ToDevice(w.output_kernel) + l * inter * h, ToDevice(w.output_bias) + l * h, buf.dense,
-                n, h, inter, buf.gemm_workspace, stream);
+    gemm_bias(x, w.intermediate_kernel + l * h * inter, w.intermediate_bias + l * inter, buf.ffn, inter, h,
+              ffn_epilogue);
+    if (!gelu_in_epilogue) LaunchGelu<D>(buf.ffn, n * inter, s);
+    gemm_bias(buf.ffn, w.output_kernel + l * inter * h, w.output_bias + l * h, buf.dense, h, inter, Epilogue::kBias);
     LaunchResidualLayerNorm<D>(buf.dense, ToDevice(w.output_ln_gamma) + l * h, ToDevice(w.output_ln_beta) + l * h, n,
                                h, dims.layer_norm_epsilon, x, s);
   }

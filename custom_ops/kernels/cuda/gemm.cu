@@ -1,4 +1,4 @@
-// cuBLASLt GEMMs with a per-shape plan cache. See gemm.h.
+// cuBLASLt GEMMs with a per-shape plan cache and optional autotuning. See gemm.h.
 #include "custom_ops/kernels/cuda/gemm.h"
 
 #include <cublasLt.h>
@@ -33,19 +33,19 @@ cudaDataType_t DataType<float>() {
   return CUDA_R_32F;
 }
 
-// Descriptors and algorithm for one (m, n, k, type, with-bias) shape. Row-major Y = X W is computed as the
-// column-major Y^T = W^T X^T, so cuBLAS sees A = W (n x k, ld n), B = X (k x m, ld k), D = Y (n x m, ld n),
-// and the bias runs along cuBLAS's rows (our columns).
+// Descriptors and algorithm for one shape. Row-major Y = X W is computed as the column-major Y^T = W^T X^T, so
+// cuBLAS sees A = W (n x k, ld n), B = X (k x m, ld k), D = Y (n x m, ld n), and the bias runs along cuBLAS's
+// rows (our columns).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
 };
 
-// (m, n, k, data type, with bias, pointer alignment): cuBLASLt picks kernels that may assume the alignment.
-using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, bool, uint32_t>;
+// (m, n, k, input type, output type, epilogue, pointer alignment).
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, int, int, int, uint32_t>;
 
-// Largest power of two up to 256 that divides every address (cuBLASLt's heuristics default to 256).
+// Largest power of two up to 256 that divides every address (cuBLASLt's kernels may assume the alignment).
 uint32_t CommonAlignment(std::initializer_list<const void*> pointers) {
   uint32_t alignment = 256;
   for (const void* p : pointers) {
@@ -54,16 +54,29 @@ uint32_t CommonAlignment(std::initializer_list<const void*> pointers) {
   return alignment;
 }
 
+cublasLtEpilogue_t ToCublas(Epilogue e) {
+  switch (e) {
+    case Epilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::kBiasGeluTanh:
+      return CUBLASLT_EPILOGUE_GELU_BIAS;
+    default:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
 }  // namespace
 
 struct GemmContext {
   cublasLtHandle_t handle = nullptr;
+  GemmOptions options;
   std::mutex mutex;  // plans are shared; the bias pointer is set per call, so calls are serialised on the host
   std::map<PlanKey, Plan> plans;
 };
 
-GemmContext* CreateGemmContext() {
+GemmContext* CreateGemmContext(const GemmOptions& options) {
   auto* context = new GemmContext;
+  context->options = options;
   const cublasStatus_t status = cublasLtCreate(&context->handle);
   if (status != CUBLAS_STATUS_SUCCESS) {
     delete context;
@@ -85,25 +98,78 @@ void DestroyGemmContext(GemmContext* context) {
   delete context;
 }
 
+const GemmOptions& OptionsOf(const GemmContext* context) { return context->options; }
+
 namespace {
 
-template <typename T>
-Plan MakePlan(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k, bool with_bias, uint32_t alignment) {
+constexpr int kAutotuneCandidates = 8;
+constexpr int kAutotuneRepeats = 5;
+
+struct Operands {
+  const void *x, *w, *bias;
+  void* y;
+  void* workspace;
+  cudaStream_t stream;
+};
+
+void SetBias(Plan& plan, const void* bias) {
+  ThrowIfFailed(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+                "bias");
+}
+
+cublasStatus_t Run(cublasLtHandle_t handle, const Plan& plan, const cublasLtMatmulAlgo_t& algo, const Operands& o) {
+  const float alpha = 1.0f, beta = 0.0f;
+  return cublasLtMatmul(handle, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta, o.y, plan.d, o.y, plan.d, &algo,
+                        o.workspace, kGemmWorkspaceBytes, o.stream);
+}
+
+// The fastest of the heuristic's candidates on these operands (events on the caller's stream; waits for them).
+cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
+                                 const cublasLtMatmulHeuristicResult_t* results, int found, const Operands& o) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  float best_ms = 1e30f;
+  cublasLtMatmulAlgo_t best = results[0].algo;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || Run(handle, plan, results[i].algo, o) != CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    cudaEventRecord(start, o.stream);
+    for (int r = 0; r < kAutotuneRepeats; ++r) Run(handle, plan, results[i].algo, o);
+    cudaEventRecord(stop, o.stream);
+    float ms = 0.f;
+    if (cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess &&
+        ms < best_ms) {
+      best_ms = ms;
+      best = results[i].algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+template <typename TIn, typename TOut>
+Plan MakePlan(GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue epilogue, uint32_t alignment,
+              const Operands& operands) {
   const std::string shape = "GEMM [" + std::to_string(m) + "x" + std::to_string(k) + "] @ [" + std::to_string(k) +
                             "x" + std::to_string(n) + "]";
   Plan plan;
-  const cudaDataType_t type = DataType<T>();
+  const cudaDataType_t in_type = DataType<TIn>(), out_type = DataType<TOut>();
   ThrowIfFailed(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), shape + " descriptor");
-  const cublasLtEpilogue_t epilogue = with_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  ThrowIfFailed(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+  const cublasLtEpilogue_t e = ToCublas(epilogue);
+  ThrowIfFailed(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)),
                 shape + " epilogue");
-  if (with_bias) {
-    ThrowIfFailed(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof(type)),
-                  shape + " bias type");
+  if (epilogue != Epilogue::kNone) {
+    ThrowIfFailed(
+        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &in_type, sizeof(in_type)),
+        shape + " bias type");
+    SetBias(plan, operands.bias);
   }
-  ThrowIfFailed(cublasLtMatrixLayoutCreate(&plan.a, type, n, k, n), shape + " layout W");
-  ThrowIfFailed(cublasLtMatrixLayoutCreate(&plan.b, type, k, m, k), shape + " layout X");
-  ThrowIfFailed(cublasLtMatrixLayoutCreate(&plan.d, type, n, m, n), shape + " layout Y");
+  ThrowIfFailed(cublasLtMatrixLayoutCreate(&plan.a, in_type, n, k, n), shape + " layout W");
+  ThrowIfFailed(cublasLtMatrixLayoutCreate(&plan.b, in_type, k, m, k), shape + " layout X");
+  ThrowIfFailed(cublasLtMatrixLayoutCreate(&plan.d, out_type, n, m, n), shape + " layout Y");
 
   cublasLtMatmulPreference_t preference = nullptr;
   ThrowIfFailed(cublasLtMatmulPreferenceCreate(&preference), shape + " preference");
@@ -114,46 +180,51 @@ Plan MakePlan(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k, bool wit
                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment));
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates] = {};
   int found = 0;
   const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle, plan.desc, plan.a, plan.b, plan.d, plan.d, preference, 1, &result, &found);
+      cublasLtMatmulAlgoGetHeuristic(context->handle, plan.desc, plan.a, plan.b, plan.d, plan.d, preference,
+                                     context->options.autotune ? kAutotuneCandidates : 1, results, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   ThrowIfFailed(status, shape + " heuristic");
   if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for " + shape);
-  plan.algo = result.algo;
+  plan.algo = results[0].algo;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(operands.stream, &capture);
+  if (context->options.autotune && found > 1 && capture == cudaStreamCaptureStatusNone) {
+    plan.algo = FastestAlgo(context->handle, plan, results, found, operands);
+  }
   return plan;
 }
 
 }  // namespace
 
-template <typename T>
-void GemmBias(GemmContext* context, const T* x, const T* w, const T* bias, T* y, int64_t m, int64_t n, int64_t k,
-              void* gemm_workspace, void* stream) {
+template <typename TIn, typename TOut>
+void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,
+          int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream) {
   if (m == 0) return;
-  const bool with_bias = bias != nullptr;
+  if (epilogue == Epilogue::kNone) bias = nullptr;
+  const Operands operands{x, w, bias, y, gemm_workspace, static_cast<cudaStream_t>(stream)};
   std::lock_guard<std::mutex> lock(context->mutex);
   const uint32_t alignment = CommonAlignment({x, w, bias, y});
-  const PlanKey key{m, n, k, static_cast<int>(DataType<T>()), with_bias, alignment};
+  const PlanKey key{m, n, k, static_cast<int>(DataType<TIn>()), static_cast<int>(DataType<TOut>()),
+                    static_cast<int>(epilogue), alignment};
   auto it = context->plans.find(key);
   if (it == context->plans.end()) {
-    it = context->plans.emplace(key, MakePlan<T>(context->handle, m, n, k, with_bias, alignment)).first;
+    it = context->plans.emplace(key, MakePlan<TIn, TOut>(context, m, n, k, epilogue, alignment, operands)).first;
   }
   Plan& plan = it->second;
-  if (with_bias) {
-    ThrowIfFailed(
-        cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias");
-  }
-  const float alpha = 1.0f, beta = 0.0f;
-  ThrowIfFailed(cublasLtMatmul(context->handle, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, y, plan.d, y, plan.d,
-                               &plan.algo, gemm_workspace, kGemmWorkspaceBytes, static_cast<cudaStream_t>(stream)),
+  if (epilogue != Epilogue::kNone) SetBias(plan, bias);
+  ThrowIfFailed(Run(context->handle, plan, plan.algo, operands),
                 "matmul m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
 }
 
-template void GemmBias<__half>(GemmContext*, const __half*, const __half*, const __half*, __half*, int64_t, int64_t,
-                               int64_t, void*, void*);
-template void GemmBias<float>(GemmContext*, const float*, const float*, const float*, float*, int64_t, int64_t,
-                              int64_t, void*, void*);
+template void Gemm<__half, __half>(GemmContext*, const __half*, const __half*, const __half*, __half*, int64_t,
+                                   int64_t, int64_t, Epilogue, void*, void*);
+template void Gemm<float, float>(GemmContext*, const float*, const float*, const float*, float*, int64_t, int64_t,
+                                 int64_t, Epilogue, void*, void*);
+template void Gemm<__half, float>(GemmContext*, const __half*, const __half*, const __half*, float*, int64_t,
+                                  int64_t, int64_t, Epilogue, void*, void*);
 
 }  // namespace cuda
 }  // namespace bertserve

@@ -16,7 +16,7 @@ namespace bertserve {
 namespace cuda {
 
 // Largest hidden size the one-warp-per-row LayerNorm kernels hold in registers; hidden must also be even.
-constexpr int64_t kMaxLayerNormHidden = 4096;
+constexpr int64_t kMaxLayerNormHidden = 2048;
 
 // hidden[t] = LayerNorm(word[id] + position[p] + token_type[segment]) for each real packed token t (row b,
 // position p). Ids are range-checked on the host by the caller; out-of-range ids are clamped, never read past.
@@ -31,7 +31,7 @@ template <typename T>
 void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t num_tokens, int64_t width,
                              float epsilon, T* hidden, cudaStream_t stream);
 
-// x = GELU(x) (erf form) in place over count elements; count must be even.
+// x = GELU(x) (erf form) in place over count elements.
 template <typename T>
 void LaunchGelu(T* x, int64_t count, cudaStream_t stream);
 
@@ -53,11 +53,12 @@ template <typename T>
 void LaunchRebuildPadding(const T* packed, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
                           T* padded, cudaStream_t stream);
 
-// scores[b] = sigmoid(tanh(pooled[b]) @ classifier + bias) for one label; for two labels the softmax
-// probability of label 1. pooled [batch, hidden] already holds the pooler bias.
+// scores[b] = sigmoid(tanh(pooled[b] + pooler_bias) @ classifier + bias) for one label; for two labels the
+// softmax probability of label 1. pooled [batch, hidden] is the pooler GEMM's fp32 output, without bias.
 template <typename T>
-void LaunchRankerHead(const T* pooled, const T* classifier_kernel, const T* classifier_bias, int64_t batch,
-                      int64_t hidden, int64_t num_labels, float* scores, cudaStream_t stream);
+void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classifier_kernel,
+                      const T* classifier_bias, int64_t batch, int64_t hidden, int64_t num_labels, float* scores,
+                      cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace bertserve

@@ -74,7 +74,8 @@ EmbeddingWeights<T> EmbeddingWeightsOf(const Ranker& r) {
   return w;
 }
 
-// Workspace: packed hidden [N, H] | first tokens [B, H] | pooled [B, H] | encoder scratch.
+// Workspace: packed hidden [N, H] | first tokens [B, H] | pooled [B, H] fp32 | encoder scratch. The pooler
+// writes fp32 so that the tanh and the classifier see it unrounded.
 template <typename T>
 void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
              const PackedBatch& batch, void* workspace, T* hidden_out, float* scores, void* stream) {
@@ -86,19 +87,19 @@ void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_i
   if (hidden_out != nullptr) hidden = hidden_out;
   D* first = reinterpret_cast<D*>(p);
   p += AlignedBytes(batch.batch * h * sizeof(T));
-  D* pooled = reinterpret_cast<D*>(p);
-  p += AlignedBytes(batch.batch * h * sizeof(T));
+  float* pooled = reinterpret_cast<float*>(p);
+  p += AlignedBytes(batch.batch * h * sizeof(float));
   void* encoder_workspace = p;
+  auto weight = [&r](int i) { return static_cast<const D*>(r.weights[i]); };
 
   Embedding<T>(EmbeddingWeightsOf<T>(r), input_ids, segment_ids, seq, batch, hidden, stream);
   Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream);
   LaunchGatherFirstToken<D>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, first, AsStream(stream));
   // The pooler GEMM reuses the encoder scratch's leading cuBLASLt workspace.
-  GemmBias<D>(r.gemm, first, static_cast<const D*>(r.weights[kPoolerKernel]),
-              static_cast<const D*>(r.weights[kPoolerBias]), pooled, batch.batch, h, h, encoder_workspace, stream);
-  LaunchRankerHead<D>(pooled, static_cast<const D*>(r.weights[kClassifierKernel]),
-                      static_cast<const D*>(r.weights[kClassifierBias]), batch.batch, h, r.num_labels, scores,
-                      AsStream(stream));
+  Gemm<D, float>(r.gemm, first, weight(kPoolerKernel), nullptr, pooled, batch.batch, h, h, Epilogue::kNone,
+                 encoder_workspace, stream);
+  LaunchRankerHead<D>(pooled, weight(kPoolerBias), weight(kClassifierKernel), weight(kClassifierBias), batch.batch,
+                      h, r.num_labels, scores, AsStream(stream));
 }
 
 PackedBatch MakeBatch(int64_t batch, int64_t num_tokens, int64_t max_seqlen, const int32_t* cu_host,
@@ -134,7 +135,8 @@ extern "C" {
 const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
 
 // half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
-void* bertserve_cuda_ranker_create(int half, int64_t vocab_size, int64_t hidden, int64_t num_heads,
+// autotune, gelu_tanh_epilogue: GemmOptions (gemm.h).
+void* bertserve_cuda_ranker_create(int half, int autotune, int gelu_tanh_epilogue, int64_t vocab_size, int64_t hidden, int64_t num_heads,
                                    int64_t intermediate, int64_t num_layers, int64_t max_positions,
                                    int64_t type_vocab_size, int64_t num_labels, float layer_norm_epsilon,
                                    const void* const* weights) {
@@ -154,7 +156,10 @@ void* bertserve_cuda_ranker_create(int half, int64_t vocab_size, int64_t hidden,
     r->num_labels = num_labels;
     for (int i = 0; i < bertserve::cuda::kNumWeights; ++i) r->weights[i] = weights[i];
     try {
-      r->gemm = bertserve::cuda::CreateGemmContext();
+      bertserve::cuda::GemmOptions options;
+      options.autotune = autotune != 0;
+      options.gelu_tanh_epilogue = gelu_tanh_epilogue != 0;
+      r->gemm = bertserve::cuda::CreateGemmContext(options);
     } catch (...) {
       delete r;
       throw;
@@ -177,7 +182,8 @@ int64_t bertserve_cuda_ranker_workspace_bytes(void* ranker, int64_t max_tokens, 
   const int64_t encoder = r.half ? bertserve::cuda::EncoderWorkspaceBytes<bertserve::fp16>(r.dims, max_tokens)
                                  : bertserve::cuda::EncoderWorkspaceBytes<float>(r.dims, max_tokens);
   return bertserve::cuda::AlignedBytes(max_tokens * r.dims.hidden * e) +
-         2 * bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * e) + encoder;
+         bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * e) +
+         bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * sizeof(float)) + encoder;
 }
 
 // input_ids/segment_ids: device [batch, seq]; cu_seqlens on host and device; num_tokens >= cu_seqlens[batch]
