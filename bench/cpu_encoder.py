@@ -1,0 +1,173 @@
+"""CPU throughput of the ranker, side by side in one process: fused ops vs stock TF vs ONNX Runtime.
+
+Chit-chat shape (6 layers, hidden 768, 12 heads, FFN 3072, seq 32), random weights (throughput does not depend on
+their values), two loads: real lengths uniform in [8, 32] and all 32. The fused graph skips padding; stock TF and
+ONNX Runtime compute all 32 positions. Engines are timed round-robin (one call each, repeated), so a noisy
+neighbour on the shared CPU slows every engine alike; the result quotes medians and ratios.
+
+    python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--out bench/results/cpu_encoder.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+SEQ = 32
+LOADS = {"uniform_8_32": (8, SEQ), "all_32": (SEQ, SEQ)}
+Engine = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def machine() -> dict:
+    """CPU model and core count from lscpu, plus the load average (other jobs share these cores)."""
+    fields = {}
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return {"cpu": fields.get("Model name"), "cores": int(fields.get("CPU(s)", "0")),
+            "flags_avx512f": "avx512f" in fields.get("Flags", ""), "load_average": os.getloadavg()}
+
+
+def make_inputs(batch: int, lengths: tuple[int, int], vocab: int, seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(lengths[0], lengths[1] + 1, batch)
+    mask = (np.arange(SEQ)[None, :] < lens[:, None]).astype(np.int32)
+    ids = rng.integers(0, vocab, (batch, SEQ)).astype(np.int32)
+    segments = (np.arange(SEQ)[None, :] >= lens[:, None] // 2).astype(np.int32) * mask
+    return ids, mask, segments
+
+
+def tf_engine(weights, variant: str) -> Engine:
+    import tensorflow as tf
+
+    from bertserve.export.graph import build_ranker_module
+
+    module = build_ranker_module(weights, variant=variant, precision="fp32")
+    serve = module.serving_default
+    return lambda ids, mask, segments: serve(tf.constant(ids), tf.constant(mask), tf.constant(segments))[
+        "scores"].numpy()
+
+
+def stock_onnx(weights, path: str) -> str:
+    """The stock TF graph (export.stock) through tf2onnx, with the weights fed as graph inputs during conversion
+    and made initializers afterwards. export.onnx_export converts the frozen graph instead, which at this model
+    size needs more memory than this machine has (tf2onnx peaks above 11 GB for two layers)."""
+    import onnx
+    import tensorflow as tf
+    import tf2onnx
+    from onnx import numpy_helper
+
+    from bertserve.export import stock
+    from bertserve.export.signature import INPUT_SIGNATURE, OUTPUT_NAME
+
+    names = [name for name, _ in weights.items()]
+    specs = INPUT_SIGNATURE + [tf.TensorSpec(weights[n].shape, tf.float32, name=n) for n in names]
+
+    @tf.function(input_signature=specs)
+    def serve(input_ids, input_mask, segment_ids, *arrays):
+        scores = stock.ranker_scores(dict(zip(names, arrays)), weights.config, input_ids, input_mask, segment_ids)
+        return {OUTPUT_NAME: scores}
+
+    model, _ = tf2onnx.convert.from_function(serve, input_signature=specs, opset=17)
+    kept = [i for i in model.graph.input if i.name not in names]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(weights[n], n) for n in names)
+    onnx.save(model, path)
+    return path
+
+
+def ort_engine(weights, workdir: str, threads: int) -> tuple[Engine, dict]:
+    """The stock ONNX graph after onnxruntime.transformers' BERT optimizer (its fusions are reported)."""
+    from onnxruntime.transformers import optimizer
+
+    from bertserve.export.onnx_export import OnnxRanker
+
+    raw = stock_onnx(weights, os.path.join(workdir, "model.onnx"))
+    c = weights.config
+    optimized = optimizer.optimize_model(raw, model_type="bert", num_heads=c.num_attention_heads,
+                                         hidden_size=c.hidden_size)
+    path = os.path.join(workdir, "model_opt.onnx")
+    optimized.save_model_to_file(path)
+    fused = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
+    ranker = OnnxRanker(path, threads=threads)
+    return ranker.scores, fused
+
+
+def time_round_robin(engines: dict[str, Engine], inputs: tuple[np.ndarray, ...], seconds: float) -> dict:
+    """Warm each engine, then call them in turn until each has run for ~seconds; per-call seconds per engine."""
+    for run in engines.values():
+        run(*inputs)
+    calls: dict[str, list[float]] = {name: [] for name in engines}
+    while min(sum(t) for t in calls.values()) < seconds or min(len(t) for t in calls.values()) < 3:
+        for name, run in engines.items():
+            start = time.perf_counter()
+            run(*inputs)
+            calls[name].append(time.perf_counter() - start)
+    return calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,8,32,128")
+    parser.add_argument("--seconds", type=float, default=4.0, help="minimum timed seconds per engine and config")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu_encoder.json"))
+    args = parser.parse_args(argv)
+
+    import onnxruntime
+    import tensorflow as tf
+
+    from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
+
+    weights = BertWeights.random(CHITCHAT_CONFIG, seed=0)
+    threads = os.cpu_count() or 1
+    engines: dict[str, Engine] = {"fused": tf_engine(weights, "fused"), "stock_tf": tf_engine(weights, "stock")}
+    with tempfile.TemporaryDirectory() as workdir:
+        engines["onnxruntime"], ort_fusions = ort_engine(weights, workdir, threads)
+
+        results = []
+        for load, lengths in LOADS.items():
+            for batch in [int(b) for b in args.batches.split(",")]:
+                inputs = make_inputs(batch, lengths, CHITCHAT_CONFIG.vocab_size, seed=batch)
+                scores = {name: run(*inputs) for name, run in engines.items()}
+                agreement = max(float(np.abs(scores[n] - scores["stock_tf"]).max()) for n in scores)
+                calls = time_round_robin(engines, inputs, args.seconds)
+                seq_per_s = {name: batch / statistics.median(t) for name, t in calls.items()}
+                row = {"load": load, "batch": batch, "real_tokens_per_seq": float(inputs[1].sum() / batch),
+                       "seq_per_s": {k: round(v, 2) for k, v in seq_per_s.items()},
+                       "calls": {k: len(v) for k, v in calls.items()},
+                       "fused_vs_onnxruntime": round(seq_per_s["fused"] / seq_per_s["onnxruntime"], 3),
+                       "fused_vs_stock_tf": round(seq_per_s["fused"] / seq_per_s["stock_tf"], 3),
+                       "max_score_difference_vs_stock_tf": agreement}
+                results.append(row)
+                print(json.dumps(row), flush=True)
+
+    report = {
+        "benchmark": "bench/cpu_encoder.py",
+        "model": {"layers": 6, "hidden": 768, "heads": 12, "intermediate": 3072, "seq": SEQ, "weights": "random"},
+        "machine": machine(),
+        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
+                     "onnxruntime": onnxruntime.__version__},
+        "threads": threads,
+        "onnxruntime_fused_operators": ort_fusions,
+        "timing": "round-robin one call per engine; seq_per_s = batch / median call time",
+        "results": results,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

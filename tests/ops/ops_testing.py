@@ -1,0 +1,55 @@
+"""Shared helpers of the op tests: random batches, running the fused stack, comparing with the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bertserve import custom_ops as ops
+from bertserve.export.graph import fused_arrays
+from bertserve.export.weights import BertConfig, BertWeights
+
+EMBEDDING_NAMES = ("word_embeddings", "position_embeddings", "token_type_embeddings", "embeddings_ln_gamma",
+                   "embeddings_ln_beta")
+
+
+def small_config(hidden: int = 64, heads: int = 2, layers: int = 2, max_positions: int = 40) -> BertConfig:
+    return BertConfig(vocab_size=97, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      intermediate_size=2 * hidden, max_position_embeddings=max_positions, type_vocab_size=3)
+
+
+def random_batch(rng: np.random.Generator, lengths, seq: int, config: BertConfig) -> tuple[np.ndarray, ...]:
+    """ids, mask, segment ids for rows of the given real lengths, padded to seq with random (valid) ids."""
+    lengths = np.asarray(lengths)
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
+    ids = rng.integers(0, config.vocab_size, (len(lengths), seq)).astype(np.int32)
+    segments = rng.integers(0, config.type_vocab_size, (len(lengths), seq)).astype(np.int32)
+    return ids, mask, segments
+
+
+def op_weights(weights: BertWeights, dtype=np.float32) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """(BertEmbedding weight inputs in order, BertEncoder weight inputs by name) as dtype."""
+    arrays = fused_arrays(weights)
+    embedding = [arrays[name].astype(dtype) for name in EMBEDDING_NAMES]
+    encoder = {name: arrays[name].astype(dtype) for name in ops.ENCODER_WEIGHT_NAMES}
+    return embedding, encoder
+
+
+def run_fused(weights: BertWeights, ids, mask, segments, dtype=np.float32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Embedding -> encoder stack -> first token; returns (packed hidden [N, H], cu_seqlens, first [B, H])."""
+    embedding, encoder = op_weights(weights, dtype)
+    eps = weights.config.layer_norm_eps
+    hidden, cu_seqlens = ops.bert_embedding(ids, segments, mask, *embedding, layer_norm_epsilon=eps)
+    hidden = ops.bert_encoder(hidden, cu_seqlens, **encoder, num_heads=weights.config.num_attention_heads,
+                              layer_norm_epsilon=eps)
+    first = ops.bert_gather_first_token(hidden, cu_seqlens)
+    return hidden.numpy(), cu_seqlens.numpy(), first.numpy()
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float) -> None:
+    """Every element within rel of the reference, relative to the largest reference magnitude (LayerNorm outputs
+    are O(1), so near-zero elements are not judged by their own tiny size)."""
+    actual = np.asarray(actual, np.float64)
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    worst = float(np.abs(actual - expected).max()) / scale if expected.size else 0.0
+    assert worst <= rel, f"max error {worst:.3g} of the reference scale exceeds {rel:g}"
+
