@@ -83,7 +83,8 @@ def test_failed_load_is_reported_others_serve_and_reload_applies(models_dir, tmp
     flaky.model_version_policy.latest.num_versions = 1
     (tmp_path / "models.config").write_text(str(config))
     server = start_server(f"--model_config_file={tmp_path / 'models.config'}", "--enable_model_warmup=true",
-                          "--max_num_load_retries=1", "--load_retry_interval_micros=0")
+                          "--max_num_load_retries=1", "--load_retry_interval_micros=0",
+                          "--model_config_file_poll_wait_seconds=1")
 
     status = _statuses(server, "broken")[1]
     assert status.state == State.END and status.status.error_code != 0 and status.status.error_message
@@ -113,6 +114,15 @@ def test_failed_load_is_reported_others_serve_and_reload_applies(models_dir, tmp
     assert server.predict.Predict(predict_request("third", token_inputs(1, 8)), timeout=30).model_spec.version.value == 2
     with pytest.raises(grpc.RpcError) as info:
         _statuses(server, "broken")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # --model_config_file_poll_wait_seconds: an edited file replaces the model list without a restart.
+    config.model_config_list.config[-1].name = "fourth"
+    (tmp_path / "models.config").write_text(str(config))
+    assert _wait_until(lambda: "fourth" in server.log() and "model config file" in server.log())
+    assert server.predict.Predict(predict_request("fourth", token_inputs(1, 8)), timeout=30).model_spec.name == "fourth"
+    with pytest.raises(grpc.RpcError) as info:
+        server.predict.Predict(predict_request("third", token_inputs(1, 8)), timeout=30)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 

@@ -1,0 +1,296 @@
+"""What `bertserve serve` itself costs per request, and how close it gets to calling the SavedModel directly.
+
+Three parts, all on this machine, side by side in one run (the CPUs are shared: quote the ratios):
+
+1. tiny model (1 layer, hidden 32: model time is negligible, so the server's own cost shows): latency of one
+   single-row Predict over gRPC with and without server-side batching vs. a direct in-process call, and the most
+   requests/s one server process sustains (closed loop, many requests in flight, client in this process).
+2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
+   signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
+   (as the gRPC handler threads drive it): requests/s and mean batch size.
+3. chit-chat ranker (6 layers, 768, 12 heads, FFN 3072, seq 32, random weights, exported with bertserve.export,
+   stock fp32 and, if the op library is built, fused fp32): one 32-pair query through the server vs. a direct
+   call, and 32 concurrent single-pair requests merged by the batcher vs. a direct batch-32 call.
+
+Run: .venv/bin/python bench/serve_overhead.py [--quick] [--out bench/results/serve_overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from bertserve.export.graph import build_ranker_module
+from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
+from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
+from bertserve.server.batcher import BatchScheduler, wait_for
+from bertserve.server.config_files import BatchingOptions
+from bertserve.server.metrics import ServerMetrics
+from bertserve.server.servable import LoadedVersion
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64, max_position_embeddings=64)
+SEQ = 32
+
+
+def machine() -> dict:
+    model = next((line.split(":", 1)[1].strip() for line in subprocess.run(
+        ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "unknown")
+    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "tensorflow": tf.__version__,
+            "grpcio": grpc.__version__, "load_average_1m_at_start": round(os.getloadavg()[0], 2),
+            "note": "client, server and other work share these cores; compare ratios"}
+
+
+def export(base: str, name: str, config: BertConfig, variant: str) -> str:
+    vocab = os.path.join(base, f"{name}-vocab.txt")
+    with open(vocab, "w", encoding="utf-8") as handle:
+        handle.writelines(f"tok{i}\n" for i in range(config.vocab_size))
+    module = build_ranker_module(BertWeights.random(config, seed=1), variant=variant, precision="fp32")
+    write_version(module, config, base, name, 1, TokenizerSettings(vocab, True, SEQ))
+    return os.path.join(base, name)
+
+
+def request_for(model: str, inputs: dict[str, np.ndarray]) -> predict_pb2.PredictRequest:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    for key, value in inputs.items():
+        request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
+    return request
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name: str, base_path: str, batching: str | None):
+        self.port = free_port()
+        flags = [f"--port={self.port}", f"--model_name={name}", f"--model_base_path={base_path}"]
+        if batching is not None:
+            self.batching_file = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+            self.batching_file.write(batching)
+            self.batching_file.close()
+            flags += ["--enable_batching", f"--batching_parameters_file={self.batching_file.name}"]
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        self.proc = subprocess.Popen([sys.executable, "-m", "bertserve.cli", "serve", *flags], cwd=REPO_ROOT,
+                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        health = health_pb2_grpc.HealthStub(self.channel)
+        for _ in range(600):
+            try:
+                if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    return
+            except grpc.RpcError:
+                time.sleep(0.2)
+        raise RuntimeError("server did not become ready")
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+        self.channel.close()
+
+
+def sequential_latency_us(call, count: int) -> dict:
+    for _ in range(max(3, count // 10)):
+        call()
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - start) * 1e6)
+    samples.sort()
+    return {"p50_us": round(statistics.median(samples), 1), "p99_us": round(samples[int(0.99 * (len(samples) - 1))], 1),
+            "mean_us": round(statistics.fmean(samples), 1), "n": count}
+
+
+def closed_loop_rps(stub, request, in_flight: int, seconds: float) -> dict:
+    """Keeps `in_flight` Predicts outstanding for `seconds`; returns completed requests/s and errors."""
+    state = {"ok": 0, "errors": 0, "outstanding": in_flight}
+    lock, finished = threading.Lock(), threading.Event()
+    end = time.monotonic() + seconds
+
+    def fire() -> None:
+        stub.Predict.future(request, timeout=60).add_done_callback(done)
+
+    def done(future) -> None:
+        with lock:
+            state["errors" if future.exception() else "ok"] += 1
+            again = time.monotonic() < end
+            if not again:
+                state["outstanding"] -= 1
+                if state["outstanding"] == 0:
+                    finished.set()
+        if again:
+            fire()
+
+    start = time.monotonic()
+    for _ in range(in_flight):
+        fire()
+    finished.wait(seconds + 120)
+    elapsed = time.monotonic() - start
+    return {"requests_per_s": round(state["ok"] / elapsed, 1), "errors": state["errors"], "in_flight": in_flight,
+            "seconds": round(elapsed, 1)}
+
+
+def tiny_part(base: str, quick: bool) -> dict:
+    path = export(base, "tiny", TINY_CONFIG, "stock")
+    one_row = warmup_inputs(TINY_CONFIG, 1, SEQ)
+    loaded = tf.saved_model.load(os.path.join(path, "1"))
+    function = loaded.signatures["serving_default"]
+    direct = sequential_latency_us(lambda: function(**{k: tf.constant(v) for k, v in one_row.items()}),
+                                   200 if quick else 1000)
+    result = {"model": "1 layer, hidden 32, seq 32, batch 1 per request", "direct_call": direct}
+    request = request_for("tiny", one_row)
+    seconds = 3 if quick else 10
+    for label, batching in (("grpc_no_batching", None),
+                            ("grpc_batching", "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
+                                              "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")):
+        server = Server("tiny", path, batching)
+        try:
+            latency = sequential_latency_us(lambda: server.stub.Predict(request, timeout=30), 200 if quick else 1000)
+            latency["server_cost_us"] = round(latency["p50_us"] - direct["p50_us"], 1)
+            result[label] = {"sequential": latency,
+                             "closed_loop": closed_loop_rps(server.stub, request, 64, seconds)}
+        finally:
+            server.close()
+    return result
+
+
+def batcher_choice(base: str, quick: bool) -> dict:
+    """bertserve's Python batching queue vs. TensorFlow's BatchFunction kernel, same knobs, same driver."""
+    servable = LoadedVersion("tiny", 1, os.path.join(base, "tiny", "1"), {"serve"})
+    signature = servable.signature("serving_default")
+    one_row = warmup_inputs(TINY_CONFIG, 1, SEQ)
+    threads, seconds = 32, (3 if quick else 8)
+
+    def drive(call) -> float:
+        stop, counts = threading.Event(), [0] * threads
+
+        def worker(index: int) -> None:
+            while not stop.is_set():
+                call()
+                counts[index] += 1
+
+        workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+        start = time.monotonic()
+        for thread in workers:
+            thread.start()
+        time.sleep(seconds)
+        stop.set()
+        for thread in workers:
+            thread.join()
+        return sum(counts) / (time.monotonic() - start)
+
+    options = BatchingOptions(max_batch_size=32, batch_timeout_micros=1000, max_enqueued_batches=1000,
+                              num_batch_threads=1)
+    metrics = ServerMetrics(32)
+    scheduler = BatchScheduler(1, "bench")
+    queue = scheduler.add_queue(options, signature.run, "tiny", "serving_default", metrics)
+    python_rps = drive(lambda: wait_for(queue.submit(one_row, 1, None), None))
+    scheduler.stop()
+    samples = {sample.name: sample.value for family in metrics.registry.collect() for sample in family.samples
+               if sample.name in ("bertserve_batch_size_sum", "bertserve_batch_size_count")}
+    python_mean = samples["bertserve_batch_size_sum"] / max(samples["bertserve_batch_size_count"], 1)
+
+    function = signature.function
+    specs = [tf.TensorSpec([None, SEQ], tf.int32) for _ in range(3)]
+
+    @tf.function(input_signature=specs)
+    def batched(input_ids, input_mask, segment_ids):
+        @tf.nondifferentiable_batch_function(num_batch_threads=1, max_batch_size=32, batch_timeout_micros=1000,
+                                             max_enqueued_batches=1000)
+        def inner(ids, mask, segments):
+            return function(input_ids=ids, input_mask=mask, segment_ids=segments)["scores"]
+        return inner(input_ids, input_mask, segment_ids)
+
+    tensors = [tf.constant(one_row[k]) for k in ("input_ids", "input_mask", "segment_ids")]
+    batched(*tensors)
+    tf_rps = drive(lambda: batched(*tensors))
+    direct_rps = drive(lambda: signature.run(one_row))
+    return {"driver": f"{threads} Python threads, one single-row request each at a time, {seconds}s",
+            "knobs": "max_batch_size 32, batch_timeout_micros 1000, num_batch_threads 1",
+            "python_batching_queue": {"requests_per_s": round(python_rps, 1), "mean_batch_size": round(python_mean, 2)},
+            "tf_batch_function": {"requests_per_s": round(tf_rps, 1)},
+            "no_batching_concurrent_calls": {"requests_per_s": round(direct_rps, 1)}}
+
+
+def chitchat_part(base: str, variant: str, quick: bool) -> dict:
+    name = f"chitchat_{variant}"
+    path = export(base, name, CHITCHAT_CONFIG, variant)
+    query = warmup_inputs(CHITCHAT_CONFIG, 32, SEQ, seed=3)
+    loaded = tf.saved_model.load(os.path.join(path, "1"))
+    function = loaded.signatures["serving_default"]
+    reps = 5 if quick else 20
+    direct = sequential_latency_us(lambda: function(**{k: tf.constant(v) for k, v in query.items()}), reps)
+    server = Server(name, path, "max_batch_size { value: 32 } batch_timeout_micros { value: 2000 } "
+                                "max_enqueued_batches { value: 100 } num_batch_threads { value: 1 }")
+    try:
+        through = sequential_latency_us(lambda: server.stub.Predict(request_for(name, query), timeout=60), reps)
+        singles = [request_for(name, {k: v[i:i + 1] for k, v in query.items()}) for i in range(32)]
+
+        def merged_query() -> None:
+            for future in [server.stub.Predict.future(r, timeout=60) for r in singles]:
+                future.result()
+
+        merged = sequential_latency_us(merged_query, reps)
+    finally:
+        server.close()
+    return {"model": f"6 layers, 768, 12 heads, FFN 3072, seq {SEQ}, {variant} fp32, random weights",
+            "direct_batch32_call": direct,
+            "grpc_one_request_of_32_pairs": through,
+            "grpc_32_concurrent_single_pair_requests_batched": merged,
+            "ratio_server_vs_direct_batch32": round(through["p50_us"] / direct["p50_us"], 3),
+            "ratio_32_singles_batched_vs_direct_batch32": round(merged["p50_us"] / direct["p50_us"], 3)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    parser.add_argument("--out", default=os.path.join(REPO_ROOT, "bench", "results", "serve_overhead.json"))
+    args = parser.parse_args()
+    results = {"machine": machine(), "quick": args.quick}
+    with tempfile.TemporaryDirectory() as base:
+        results["tiny"] = tiny_part(base, args.quick)
+        print(json.dumps(results["tiny"], indent=1), flush=True)
+        results["batcher_choice"] = batcher_choice(base, args.quick)
+        print(json.dumps(results["batcher_choice"], indent=1), flush=True)
+        variants = ["stock"]
+        try:
+            from bertserve import custom_ops
+            custom_ops.load_op_library()
+            variants.append("fused")
+        except (ImportError, OSError, tf.errors.OpError) as exc:
+            results["fused_skipped"] = f"op library not loadable: {exc}"
+        for variant in variants:
+            results[f"chitchat_{variant}"] = chitchat_part(base, variant, args.quick)
+            print(json.dumps(results[f"chitchat_{variant}"], indent=1), flush=True)
+    results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as handle:
+        json.dump(results, handle, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
