@@ -109,10 +109,9 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         if args.validate:
             step("validate")
-            label = f"saved_model ({args.variant})"
             try:
-                rows = validate.validate_export(weights, target, args.precision, args.max_seq_length, onnx_file,
-                                                label=label)
+                rows = validate.validate_export(weights, target, args.variant, args.precision, args.max_seq_length,
+                                                onnx_file)
             except validate.ValidationError as e:
                 print(f"wrote {target}\nvalidation FAILED:\n{e}", file=sys.stderr)
                 return 1

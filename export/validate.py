@@ -52,19 +52,24 @@ def sample_pairs(config: BertConfig, seq_length: int, rows: int = SAMPLE_ROWS, s
     return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
 
 
-def saved_model_scores(version_dir: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """Scores from the SavedModel's serving_default signature (load bertserve.custom_ops first for fused)."""
+def saved_model_scores(version_dir: str, inputs: dict[str, np.ndarray], variant: str) -> np.ndarray:
+    """Scores from the SavedModel's serving_default signature, loaded as a server loads it."""
+    if variant == "fused":
+        from bertserve import custom_ops
+
+        custom_ops.load_op_library()  # registers the ops, as a server built with them does at start
     signature = tf.saved_model.load(version_dir).signatures[SIGNATURE_NAME]
     return signature(**{k: tf.constant(v, tf.int32) for k, v in inputs.items()})[OUTPUT_NAME].numpy()
 
 
-def validate_export(weights: BertWeights, version_dir: str, precision: str, seq_length: int,
-                    onnx_path: str | None = None, label: str = "saved_model") -> list[ValidationRow]:
+def validate_export(weights: BertWeights, version_dir: str, variant: str, precision: str, seq_length: int,
+                    onnx_path: str | None = None) -> list[ValidationRow]:
     """Max |score diff| of each exported file vs the reference; raises ValidationError if any is out of tolerance."""
     inputs = sample_pairs(weights.config, seq_length)
     expected = reference.scores(weights, inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
-    rows = [ValidationRow(label, precision, float(np.max(np.abs(saved_model_scores(version_dir, inputs)
-                                                                   - expected))), len(expected))]
+    saved_scores = saved_model_scores(version_dir, inputs, variant)
+    rows = [ValidationRow(f"saved_model ({variant})", precision, float(np.max(np.abs(saved_scores - expected))),
+                          len(expected))]
     if onnx_path is not None:
         from bertserve.export.onnx_export import OnnxRanker
 

@@ -80,18 +80,22 @@ def test_fp16_pass_keeps_sensitive_ops_in_fp32(tiny_weights):
         by_op.setdefault(ops[name], set()).add(dtype)
     for op in fp16.KEEP_FP32_OPS:
         assert by_op[op] == {fp16.FP32}, op
-    for op in ("MatMul", "BatchMatMulV2", "Erf", "Tanh", "GatherV2" if "GatherV2" in by_op else "ResourceGather"):
-        assert by_op.get(op, {fp16.HALF}) == {fp16.HALF}, op
-    assert {v.dtype for v in converted.weights.values()} == {np.dtype(np.float16)}
+    for op in ("MatMul", "BatchMatMulV2", "Erf", "Tanh"):
+        assert by_op[op] == {fp16.HALF}, op
+    gathers = [n for n in converted.graph_def.node if n.op == "GatherV2"]
+    assert gathers and all(n.attr["Tparams"].type == fp16.HALF for n in gathers)
+    fp32_weights = {n for n, v in converted.weights.items() if v.dtype == np.float32}
+    assert fp32_weights == {"embeddings_ln_gamma", "embeddings_ln_beta"}, fp32_weights
     casts = [n for n in converted.graph_def.node if n.op == "Cast" and n.name.endswith(("/to_fp16", "/to_fp32"))]
     assert casts, "the pass inserts casts at the fp32 islands' borders"
 
 
 def test_fp16_stock_module_stores_half_weights(modules):
     module = modules("stock", "fp16")
-    assert {v.dtype for v in module.weights.values()} == {tf.float16}
-    assert sum(v.numpy().nbytes for v in module.weights.values()) * 2 == sum(
-        v.numpy().nbytes for v in modules("stock", "fp32").weights.values())
+    assert module.weights["word_embeddings"].dtype == tf.float16
+    assert module.weights["intermediate_kernel"].dtype == tf.float16
+    half_bytes = sum(v.numpy().nbytes for v in module.weights.values())
+    assert half_bytes <= 0.51 * sum(v.numpy().nbytes for v in modules("stock", "fp32").weights.values())
 
 
 def test_stock_gelu_is_erf_not_erfc(tiny_weights):

@@ -10,66 +10,11 @@ import zipfile
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from bertserve.export import loaders, torch_pickle
 from bertserve.export.weights import BertWeights, expected_shapes
 
-from export_testing import TINY_CONFIG
-
-
-def google_variables(w: BertWeights) -> dict[str, np.ndarray]:
-    """Google BERT run_classifier variable names, written out independently of the loader's naming tables."""
-    out = {
-        "bert/embeddings/word_embeddings": w["word_embeddings"],
-        "bert/embeddings/position_embeddings": w["position_embeddings"],
-        "bert/embeddings/token_type_embeddings": w["token_type_embeddings"],
-        "bert/embeddings/LayerNorm/gamma": w["embeddings_ln_gamma"],
-        "bert/embeddings/LayerNorm/beta": w["embeddings_ln_beta"],
-        "bert/pooler/dense/kernel": w["pooler_kernel"],
-        "bert/pooler/dense/bias": w["pooler_bias"],
-        "output_weights": w["classifier_kernel"].T,
-        "output_bias": w["classifier_bias"],
-    }
-    per_layer = {
-        "attention/self/query/kernel": "query_kernel", "attention/self/query/bias": "query_bias",
-        "attention/self/key/kernel": "key_kernel", "attention/self/key/bias": "key_bias",
-        "attention/self/value/kernel": "value_kernel", "attention/self/value/bias": "value_bias",
-        "attention/output/dense/kernel": "attention_output_kernel",
-        "attention/output/dense/bias": "attention_output_bias",
-        "attention/output/LayerNorm/gamma": "attention_ln_gamma",
-        "attention/output/LayerNorm/beta": "attention_ln_beta",
-        "intermediate/dense/kernel": "intermediate_kernel", "intermediate/dense/bias": "intermediate_bias",
-        "output/dense/kernel": "output_kernel", "output/dense/bias": "output_bias",
-        "output/LayerNorm/gamma": "output_ln_gamma", "output/LayerNorm/beta": "output_ln_beta",
-    }
-    for layer in range(w.config.num_hidden_layers):
-        for suffix, name in per_layer.items():
-            out[f"bert/encoder/layer_{layer}/{suffix}"] = w[name][layer]
-    return out
-
-
-def write_google_checkpoint(directory: str, variables: dict[str, np.ndarray], bert_config: dict) -> str:
-    """A TF1 checkpoint written the way Google BERT's run_classifier writes one (tf.compat.v1 Saver)."""
-    os.makedirs(directory, exist_ok=True)
-    with tf.Graph().as_default():
-        tf_vars = [tf.compat.v1.get_variable(name, initializer=tf.constant(value)) for name, value in variables.items()]
-        saver = tf.compat.v1.train.Saver(tf_vars)
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            prefix = saver.save(session, os.path.join(directory, "model.ckpt"), global_step=1000)
-    with open(os.path.join(directory, "bert_config.json"), "w") as f:
-        json.dump(bert_config, f)
-    return prefix
-
-
-def google_bert_config(config=TINY_CONFIG, **overrides) -> dict:
-    fields = {"vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-              "num_hidden_layers": config.num_hidden_layers, "num_attention_heads": config.num_attention_heads,
-              "intermediate_size": config.intermediate_size, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-              "attention_probs_dropout_prob": 0.1, "max_position_embeddings": config.max_position_embeddings,
-              "type_vocab_size": config.type_vocab_size, "initializer_range": 0.02}
-    return {**fields, **overrides}
+from export_testing import TINY_CONFIG, google_bert_config, google_variables, write_google_checkpoint
 
 
 def assert_same_weights(a: BertWeights, b: BertWeights) -> None:

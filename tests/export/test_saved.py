@@ -1,0 +1,107 @@
+"""SavedModel layout: TF Serving's version folders, warmup records, tokenizer assets, ONNX beside them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import prediction_log_pb2
+
+from bertserve.export import graph, onnx_export, reference, saved, validate
+
+from export_testing import TINY_CONFIG, VARIANTS, padded_inputs
+
+
+def tokenizer(vocab: str, max_seq_length: int = 16) -> saved.TokenizerSettings:
+    return saved.TokenizerSettings(vocab_file=vocab, do_lower_case=False, max_seq_length=max_seq_length)
+
+
+@pytest.fixture(scope="module")
+def stock_version(tmp_path_factory, tiny_weights, tiny_vocab) -> str:
+    base = tmp_path_factory.mktemp("models")
+    module = graph.build_ranker_module(tiny_weights, "stock", "fp32")
+    return saved.write_version(module, tiny_weights.config, str(base), "tiny", 3, tokenizer(tiny_vocab))
+
+
+def test_layout_and_tokenizer_json(stock_version, tiny_vocab):
+    assert stock_version.endswith(os.path.join("tiny", "3"))
+    assert sorted(os.listdir(os.path.dirname(stock_version))) == ["3"], "no staging folder is left behind"
+    extra = os.path.join(stock_version, "assets.extra")
+    assert os.path.isfile(os.path.join(stock_version, "saved_model.pb"))
+    assert sorted(os.listdir(extra)) == ["bertserve_tokenizer.json", "tf_serving_warmup_requests", "vocab.txt"]
+    with open(os.path.join(extra, "bertserve_tokenizer.json")) as f:
+        assert json.load(f) == {"vocab_file": "vocab.txt", "do_lower_case": False, "max_seq_length": 16,
+                                "tokenize_chinese_chars": True, "vocab_size": TINY_CONFIG.vocab_size}
+    with open(os.path.join(extra, "vocab.txt")) as copy, open(tiny_vocab) as original:
+        assert copy.read() == original.read()
+
+
+def test_warmup_records_parse_as_prediction_logs_and_run(stock_version):
+    path = os.path.join(stock_version, "assets.extra", "tf_serving_warmup_requests")
+    logs = [prediction_log_pb2.PredictionLog.FromString(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log"] * len(saved.WARMUP_BATCH_SIZES)
+    signature = tf.saved_model.load(stock_version).signatures["serving_default"]
+    batch_sizes = []
+    for log in logs:
+        request = log.predict_log.request
+        assert (request.model_spec.name, request.model_spec.signature_name) == ("tiny", "serving_default")
+        inputs = {name: tf.make_ndarray(request.inputs[name]) for name in ("input_ids", "input_mask", "segment_ids")}
+        assert {v.dtype for v in inputs.values()} == {np.dtype(np.int32)}
+        assert {v.shape[1] for v in inputs.values()} == {16}
+        scores = signature(**{k: tf.constant(v) for k, v in inputs.items()})["scores"].numpy()
+        assert ((scores > 0) & (scores < 1)).all()
+        batch_sizes.append(inputs["input_ids"].shape[0])
+    assert tuple(batch_sizes) == saved.WARMUP_BATCH_SIZES
+    assert len(saved.read_warmup_requests(path)) == len(logs)
+
+
+def test_saved_model_cli_lists_the_signature(stock_version):
+    result = subprocess.run([sys.executable, "-m", "tensorflow.python.tools.saved_model_cli", "show", "--all",
+                             "--dir", stock_version], capture_output=True, text=True, check=True)
+    signature = result.stdout[result.stdout.index("signature_def['serving_default']"):]
+    for name in ("inputs['input_ids']", "inputs['input_mask']", "inputs['segment_ids']", "outputs['scores']"):
+        assert name in signature
+    assert signature.count("dtype: DT_INT32") == 3 and "dtype: DT_FLOAT" in signature
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_saves_loads_and_validates(tmp_path, tiny_weights, tiny_vocab, variant):
+    name, precision = variant
+    if name == "fused":
+        import bertserve.custom_ops  # noqa: F401
+    module = graph.build_ranker_module(tiny_weights, name, precision)
+    target = saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
+    (row,) = validate.validate_export(tiny_weights, target, name, precision, seq_length=16)
+    assert row.ok and row.rows == validate.SAMPLE_ROWS
+
+
+def test_version_rules(tmp_path, tiny_weights, tiny_vocab):
+    module = graph.build_ranker_module(tiny_weights, "stock", "fp32")
+    with pytest.raises(ValueError, match="version must be a positive integer"):
+        saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 0, tokenizer(tiny_vocab))
+    with pytest.raises(ValueError, match="max_seq_length 41 exceeds the model's max_position_embeddings 40"):
+        saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab, 41))
+    big_vocab = tmp_path / "big_vocab.txt"
+    big_vocab.write_text("\n".join(f"t{i}" for i in range(TINY_CONFIG.vocab_size + 1)) + "\n")
+    with pytest.raises(ValueError, match=r"has 121 entries but the model's word_embeddings has only 120 rows"):
+        saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(str(big_vocab)))
+    saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
+    with pytest.raises(FileExistsError, match="already exists"):
+        saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
+
+
+def test_onnx_agrees_with_reference_and_ignores_padding(tmp_path, tiny_weights):
+    path = onnx_export.export_onnx(tiny_weights, onnx_export.onnx_path(str(tmp_path), "tiny", 1))
+    assert path == os.path.join(str(tmp_path), "tiny", "onnx", "1", "model.onnx")
+    ranker = onnx_export.OnnxRanker(path)
+    lengths = [12, 1, 6, 9, 0]
+    inputs = padded_inputs(lengths, seq=12, config=TINY_CONFIG)
+    scores = ranker.scores(**inputs)
+    assert np.max(np.abs(scores - reference.scores(tiny_weights, **inputs))) <= 1e-5
+    padded = ranker.scores(**padded_inputs(lengths, seq=33, config=TINY_CONFIG, garbage_padding=True))
+    assert np.max(np.abs(padded - scores)) <= 1e-6
