@@ -74,7 +74,7 @@ class BatchScheduler:
     """The shared batch thread pool: picks the next ready batch across all queues."""
 
     def __init__(self, num_threads: int, thread_pool_name: str):
-        self._cond = threading.Condition()
+        self.condition = threading.Condition()
         self._queues: list[BatchingQueue] = []
         self._next = 0
         self._stopping = False
@@ -86,20 +86,20 @@ class BatchScheduler:
     def add_queue(self, options: BatchingOptions, run: Callable[[Tensors], Tensors], model: str, signature: str,
                   observer: BatchObserver) -> "BatchingQueue":
         queue = BatchingQueue(self, options, run, model, signature, observer)
-        with self._cond:
+        with self.condition:
             self._queues.append(queue)
         return queue
 
     def remove_queue(self, queue: "BatchingQueue") -> None:
-        with self._cond:
+        with self.condition:
             if queue in self._queues:
                 self._queues.remove(queue)
 
     def stop(self) -> None:
         """Runs every queued batch, then ends the threads."""
-        with self._cond:
+        with self.condition:
             self._stopping = True
-            self._cond.notify_all()
+            self.condition.notify_all()
         for thread in self._threads:
             thread.join()
 
@@ -123,14 +123,14 @@ class BatchScheduler:
 
     def _work(self) -> None:
         while True:
-            with self._cond:
+            with self.condition:
                 while True:
                     picked = self._pick(time.monotonic())
                     if isinstance(picked, tuple):
                         break
                     if picked is None and self._stopping:
                         return
-                    self._cond.wait(None if picked is None else max(0.0, picked - time.monotonic()))
+                    self.condition.wait(None if picked is None else max(0.0, picked - time.monotonic()))
             queue, batch = picked
             queue.process(batch)
 
@@ -157,7 +157,7 @@ class BatchingQueue:
             raise invalid_argument(f"Task size {size} is larger than maximum input batch size {options.max_batch_size}")
         key = self._shape_key(inputs)
         limit = options.execution_limit
-        with self.scheduler._cond:
+        with self.scheduler.condition:
             if self.closing:
                 raise unavailable(f"servable {self.model} is unloading; retry")
             open_batch = self.batches[-1] if self.batches else None
@@ -179,7 +179,7 @@ class BatchingQueue:
                     self.batches.append(_Batch(key))
                 self.batches[-1].add(task)
                 tasks.append(task)
-            self.scheduler._cond.notify_all()
+            self.scheduler.condition.notify_all()
         return tasks
 
     def process(self, batch: _Batch) -> None:
@@ -236,9 +236,9 @@ class BatchingQueue:
 
     def close(self) -> None:
         """Refuses new requests; queued batches run at once. The scheduler forgets the queue when asked."""
-        with self.scheduler._cond:
+        with self.scheduler.condition:
             self.closing = True
-            self.scheduler._cond.notify_all()
+            self.scheduler.condition.notify_all()
 
 
 def _chunks(total: int, limit: int) -> list[int]:

@@ -55,9 +55,8 @@ class ModelEntry:
 
 @dataclasses.dataclass(frozen=True)
 class Handle:
-    """What one request holds while it runs: the version, its queues (if batching) and the model name."""
+    """What one request holds while it runs: the version and its queues (if batching)."""
 
-    model_name: str
     servable: LoadedVersion
     queues: dict[str, BatchingQueue]
 
@@ -267,7 +266,7 @@ class ModelManager:
             servable = record.servable
             servable.acquire()
         try:
-            yield Handle(name, servable, record.queues)
+            yield Handle(servable, record.queues)
         finally:
             servable.release()
 
@@ -300,8 +299,4 @@ class ModelManager:
     def model_names(self) -> list[str]:
         with self._lock:
             return sorted(self._models)
-
-    def any_available(self) -> bool:
-        with self._lock:
-            return any(r.state == State.AVAILABLE for e in self._models.values() for r in e.versions.values())
 

@@ -72,6 +72,13 @@ def _variable_shapes(path: str) -> dict[str, list[int]]:
         return {}
 
 
+def _numpy_dtype_name(dtype: np.dtype) -> str:
+    try:
+        return tf.dtypes.as_dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
 def read_meta_graph(path: str, tags: set[str]) -> meta_graph_pb2.MetaGraphDef:
     saved_model = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as handle:
@@ -110,7 +117,7 @@ class Signature:
             expected = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
             if array.dtype != expected:
                 raise invalid_argument(f"Expects arg[{name}] to be {dtype_name(info.dtype)} but "
-                                       f"{tf.dtypes.as_dtype(array.dtype).name} is provided")
+                                       f"{_numpy_dtype_name(array.dtype)} is provided")
             if not info.tensor_shape.unknown_rank:
                 want = [d.size for d in info.tensor_shape.dim]
                 if array.ndim != len(want) or any(w not in (-1, g) for w, g in zip(want, array.shape)):

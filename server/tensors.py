@@ -84,7 +84,3 @@ def json_to_ndarray(name: str, value: object, dtype_enum: int) -> np.ndarray:
         if info is not None and array.size and (array.min() < info.min or array.max() > info.max):
             raise invalid_argument(f"input '{name}' has values outside the {np_dtype.name} range")
     return array.astype(np_dtype, copy=False)
-
-
-def ndarray_to_json(array: np.ndarray) -> object:
-    return array.tolist()
