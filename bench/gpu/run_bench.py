@@ -115,7 +115,9 @@ def compare(ours: torch.Tensor, ref: torch.Tensor) -> dict:
 def check_model(lib, config: dict, w32: dict[str, torch.Tensor], ids: np.ndarray, seg: np.ndarray,
                 lengths: np.ndarray, float64_ref: dict | None = None) -> dict:
     """Core fp16 and fp32 vs the float32 torch reference (and float64 numpy reference when given)."""
-    out: dict = {"rows": int(len(lengths)), "tokens": int(lengths.sum()), "lengths": f"{lengths.min()}..{lengths.max()}"}
+    seq = ids.shape[1]
+    out: dict = {"rows": int(len(lengths)), "seq": int(seq), "tokens": int(lengths.sum()),
+                 "lengths": f"{lengths.min()}..{lengths.max()}"}
     ids_t = torch.as_tensor(ids, device="cuda")
     seg_t = torch.as_tensor(seg, device="cuda")
     w16 = {k: v.half() for k, v in w32.items()}
@@ -124,7 +126,7 @@ def check_model(lib, config: dict, w32: dict[str, torch.Tensor], ids: np.ndarray
         ref_hidden, ref_scores = torch_models.reference_forward(w16_as32, config, ids_t.long(), seg_t.long(), lengths)
         _, ref_scores_fp32_weights = torch_models.reference_forward(w32, config, ids_t.long(), seg_t.long(), lengths)
     for dtype, label in ((torch.float16, "fp16"), (torch.float32, "fp32")):
-        ranker = core.CudaRanker(lib, config, w16_as32 if dtype == torch.float16 else w32, dtype, len(lengths), SEQ)
+        ranker = core.CudaRanker(lib, config, w16_as32 if dtype == torch.float16 else w32, dtype, len(lengths), seq)
         hidden = torch.full((int(lengths.sum()), config["hidden_size"]), float("nan"), dtype=dtype, device="cuda")
         ranker.scores.fill_(float("nan"))
         scores = ranker.forward(ids_t, seg_t, lengths, hidden_out=hidden).clone()
@@ -142,12 +144,12 @@ def check_model(lib, config: dict, w32: dict[str, torch.Tensor], ids: np.ndarray
             entry["hidden_vs_float64_reference"] = compare(hidden, torch.as_tensor(float64_ref["hidden"]))
         out[label] = entry
         ranker.close()
-    ranker = core.CudaRanker(lib, config, w16_as32, torch.float16, len(lengths), SEQ, gelu_tanh_epilogue=True)
+    ranker = core.CudaRanker(lib, config, w16_as32, torch.float16, len(lengths), seq, gelu_tanh_epilogue=True)
     out["fp16_gelu_tanh_epilogue"] = {"scores_vs_torch_fp32": compare(ranker.forward(ids_t, seg_t, lengths),
                                                                       ref_scores)}
     ranker.close()
     keep = lengths > 0
-    mask = (torch.arange(SEQ, device="cuda")[None] < torch.as_tensor(lengths, device="cuda")[:, None]).long()
+    mask = (torch.arange(seq, device="cuda")[None] < torch.as_tensor(lengths, device="cuda")[:, None]).long()
     hf16 = torch_models.hf_ranker(config, w16_as32, "sdpa").half()
     with torch.no_grad():
         logits = hf16(input_ids=ids_t.long()[keep], token_type_ids=seg_t.long()[keep], attention_mask=mask[keep]).logits
@@ -194,11 +196,13 @@ def check_padding_ops(lib) -> dict:
     return out
 
 
-def mixed_inputs(vocab: int, rows_random: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def mixed_inputs(vocab: int, rows_random: int, seed: int, seq: int = SEQ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every length 0..seq once (up to 33 of them), then rows_random random lengths in 1..seq."""
     rng = np.random.default_rng(seed)
-    lengths = np.concatenate([np.arange(SEQ + 1), rng.integers(1, SEQ + 1, rows_random)]).astype(np.int32)
-    ids = rng.integers(1000, vocab, (len(lengths), SEQ)).astype(np.int32)
-    seg = (np.arange(SEQ)[None, :] >= (lengths[:, None] // 2)).astype(np.int32)
+    lengths = np.concatenate([np.linspace(0, seq, min(seq + 1, 33)).astype(int), rng.integers(1, seq + 1, rows_random)])
+    lengths = lengths.astype(np.int32)
+    ids = rng.integers(1000, vocab, (len(lengths), seq)).astype(np.int32)
+    seg = (np.arange(seq)[None, :] >= (lengths[:, None] // 2)).astype(np.int32)
     return ids, seg, lengths
 
 
@@ -234,12 +238,16 @@ def stage_check(res: Results, lib) -> None:
     checks["minilm_real_mixed"] = check_model(lib, mcfg, mw, ref["input_ids"], ref["segment_ids"],
                                               ref["lengths"], float64_ref={"scores": ref["scores"],
                                                                            "hidden": ref["hidden"]})
+    # Longer rows: the fused kernel's 64- and 128-key variants, and the streaming kernel past 128 tokens.
+    for seq in (64, 128, 256):
+        ids_l, seg_l, lengths_l = mixed_inputs(mcfg["vocab_size"], 15, seed=seq, seq=seq)
+        checks[f"minilm_real_seq{seq}"] = check_model(lib, mcfg, mw, ids_l, seg_l, lengths_l)
+    ids_l, seg_l, lengths_l = mixed_inputs(cfg["vocab_size"], 15, seed=11, seq=128)
+    checks["chitchat_random_seq128"] = check_model(lib, cfg, w32, ids_l, seg_l, lengths_l)
     checks["padding_ops"] = check_padding_ops(lib)
-    worst = max(checks[k]["fp16"]["scores_vs_torch_fp32"]["max_abs"]
-                for k in ("chitchat_random_mixed", "chitchat_random_batch512_U1_32", "minilm_real_mixed"))
-    finite = all(checks[k][p]["scores_vs_torch_fp32"]["finite"]
-                 for k in ("chitchat_random_mixed", "chitchat_random_batch512_U1_32", "minilm_real_mixed")
-                 for p in ("fp16", "fp32"))
+    model_checks = [k for k in checks if isinstance(checks[k], dict) and "fp16" in checks[k]]
+    worst = max(checks[k]["fp16"]["scores_vs_torch_fp32"]["max_abs"] for k in model_checks)
+    finite = all(checks[k][p]["scores_vs_torch_fp32"]["finite"] for k in model_checks for p in ("fp16", "fp32"))
     checks["summary"] = {"fp16_worst_score_abs_error": worst, "target": SCORE_TOLERANCE,
                          "met": bool(worst <= SCORE_TOLERANCE and finite), "all_finite": finite}
     res.data["correctness"] = checks
@@ -337,8 +345,8 @@ def stage_profile(res: Results) -> None:
     for bs in (1, 32, 2048):
         lengths = lengths_for("U8_32", bs, rng)
         ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
-        n = ranker._stage(ids, torch.zeros_like(ids), lengths)
-        graph = ranker.graph_for(bs, core.token_bucket(n))
+        n = core.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths))
+        graph = ranker.graph_for(bs, n)  # plans (and autotunes) every GEMM of this bucket before profiling
         for _ in range(3):
             graph.replay()
         torch.cuda.synchronize()

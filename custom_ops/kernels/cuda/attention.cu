@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
 
   constexpr int kVecsPerRow = D / 8;
   const int64_t row_stride = 3ll * hidden;
+#pragma unroll 4
   for (int i = threadIdx.x; i < padded_len * kVecsPerRow; i += blockDim.x) {
     const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * 8;
     uint4 q = make_uint4(0, 0, 0, 0), k = q, v = q;

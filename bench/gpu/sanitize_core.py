@@ -1,0 +1,44 @@
+"""Small forwards of every kernel variant, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
+fp16 and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the fused attention's three sizes) and 200 (the
+streaming attention), a graph bucket with scratch rows, and the padding ops.
+
+Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+import core
+from run_bench import config_dict, weights_mod, check_padding_ops
+
+
+def main(argv: list[str]) -> int:
+    lib = core.load_library(argv[0])
+    config = weights_mod.BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=2, num_attention_heads=6,
+                                    intermediate_size=768, max_position_embeddings=256)
+    for heads in (6, 12):  # head sizes 64 and 32
+        cfg = config_dict(config) | {"num_attention_heads": heads}
+        w = {k: torch.as_tensor(v).cuda() for k, v in weights_mod.BertWeights.random(config, seed=heads).items()}
+        rng = np.random.default_rng(heads)
+        for seq in (32, 64, 128, 200):
+            lengths = np.concatenate([[0, 1, seq], rng.integers(0, seq + 1, 5)]).astype(np.int32)
+            ids = torch.as_tensor(rng.integers(0, 1000, (len(lengths), seq)), dtype=torch.int32, device="cuda")
+            seg = torch.zeros_like(ids)
+            for dtype in (torch.float16, torch.float32):
+                ranker = core.CudaRanker(lib, cfg, w, dtype, len(lengths), seq, autotune=False)
+                scores = ranker.forward(ids, seg, lengths)
+                graph_scores = ranker.forward_graph(ids, seg, lengths)
+                torch.cuda.synchronize()
+                assert torch.isfinite(scores).all() and torch.isfinite(graph_scores).all(), (heads, seq, dtype)
+                ranker.close()
+    print("padding ops:", check_padding_ops(lib))
+    print("sanitize run finished")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
