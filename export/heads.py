@@ -11,23 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from bertserve.export import reference
+from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.weights import BertConfig, BertWeights
 
 PROBE_ROWS = 16
-PROBE_MAX_LENGTH = 16
-
-
-def probe_inputs(config: BertConfig, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Seeded token sequences of mixed lengths (two segments each) over the non-special part of the vocab."""
-    rng = np.random.default_rng(seed)
-    low = min(1000, config.vocab_size // 2)
-    seq = min(PROBE_MAX_LENGTH, config.max_position_embeddings)
-    lengths = rng.integers(max(2, seq // 4), seq + 1, size=PROBE_ROWS)
-    positions = np.arange(seq)[None, :]
-    input_mask = (positions < lengths[:, None]).astype(np.int32)
-    input_ids = rng.integers(low, config.vocab_size, size=(PROBE_ROWS, seq)).astype(np.int32) * input_mask
-    segment_ids = ((positions >= (lengths[:, None] // 2)) & (config.type_vocab_size > 1)).astype(np.int32) * input_mask
-    return input_ids, input_mask, segment_ids
+PROBE_LENGTH = 16
 
 
 def with_seeded_classifier(config: BertConfig, encoder_arrays: dict[str, np.ndarray], seed: int,
@@ -37,8 +25,8 @@ def with_seeded_classifier(config: BertConfig, encoder_arrays: dict[str, np.ndar
     zero_head = {"classifier_kernel": np.zeros((hidden, labels), np.float32),
                  "classifier_bias": np.zeros((labels,), np.float32)}
     weights = BertWeights(config, {**encoder_arrays, **zero_head})
-    input_ids, input_mask, segment_ids = probe_inputs(config, seed)
-    first = np.stack([h[0] for h in reference.encode(weights, input_ids, input_mask, segment_ids)])
+    probes = mixed_length_inputs(config, PROBE_ROWS, min(PROBE_LENGTH, config.max_position_embeddings), seed)
+    first = np.stack([h[0] for h in reference.encode(weights, **probes)])
     pooled = np.tanh(first @ weights["pooler_kernel"].astype(np.float64) + weights["pooler_bias"])
     direction = np.random.default_rng(seed).standard_normal(hidden)
     projected = pooled @ direction

@@ -22,11 +22,11 @@ import os
 import shutil
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from bertserve.export.graph import RankerModule
+from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.signature import SIGNATURE_NAME
 from bertserve.export.weights import BertConfig
 
@@ -35,6 +35,7 @@ WARMUP_FILE = "tf_serving_warmup_requests"
 TOKENIZER_FILE = "bertserve_tokenizer.json"
 VOCAB_FILE = "vocab.txt"
 WARMUP_BATCH_SIZES = (1, 8, 32)
+warmup_inputs = mixed_length_inputs  # what one warmup request carries: (config, batch_size, seq_length, seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,17 +61,6 @@ def check_vocab(vocab_file: str, config: BertConfig) -> int:
     return entries
 
 
-def warmup_inputs(config: BertConfig, batch_size: int, seq_length: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded pairs of mixed real lengths padded to seq_length (what clients send with fixed padding)."""
-    rng = np.random.default_rng(seed + batch_size)
-    lengths = rng.integers(min(3, seq_length), seq_length + 1, size=batch_size)
-    positions = np.arange(seq_length)[None, :]
-    mask = (positions < lengths[:, None]).astype(np.int32)
-    ids = rng.integers(0, config.vocab_size, size=(batch_size, seq_length)).astype(np.int32) * mask
-    segments = ((positions >= lengths[:, None] // 2) & (config.type_vocab_size > 1)).astype(np.int32) * mask
-    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
-
-
 def write_warmup_requests(path: str, model_name: str, config: BertConfig, seq_length: int,
                           batch_sizes: tuple[int, ...] = WARMUP_BATCH_SIZES) -> None:
     """TF Serving's warmup format: a TFRecord of PredictionLog, one PredictRequest per batch size."""
@@ -78,7 +68,7 @@ def write_warmup_requests(path: str, model_name: str, config: BertConfig, seq_le
         for batch_size in batch_sizes:
             request = predict_pb2.PredictRequest(
                 model_spec=model_pb2.ModelSpec(name=model_name, signature_name=SIGNATURE_NAME))
-            for name, value in warmup_inputs(config, batch_size, seq_length).items():
+            for name, value in mixed_length_inputs(config, batch_size, seq_length).items():
                 request.inputs[name].CopyFrom(tf.make_tensor_proto(value, dtype=tf.int32))
             log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())

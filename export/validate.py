@@ -13,8 +13,9 @@ import numpy as np
 import tensorflow as tf
 
 from bertserve.export import reference
+from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.signature import OUTPUT_NAME, SIGNATURE_NAME
-from bertserve.export.weights import BertConfig, BertWeights
+from bertserve.export.weights import BertWeights
 
 TOLERANCES = {"fp32": 1e-5, "fp16": 5e-3}
 SAMPLE_ROWS = 12
@@ -40,18 +41,6 @@ class ValidationRow:
         return bool(self.max_abs_diff <= self.tolerance)
 
 
-def sample_pairs(config: BertConfig, seq_length: int, rows: int = SAMPLE_ROWS, seed: int = 0) -> dict[str, np.ndarray]:
-    """Pairs [CLS]-like first token + two segments, real lengths from 1 to seq_length (both ends included)."""
-    rng = np.random.default_rng(seed)
-    lengths = np.concatenate([[seq_length, 1], rng.integers(2, seq_length + 1, size=rows - 2)])[:rows]
-    positions = np.arange(seq_length)[None, :]
-    mask = (positions < lengths[:, None]).astype(np.int32)
-    low = min(1000, config.vocab_size // 2)
-    ids = rng.integers(low, config.vocab_size, size=(rows, seq_length)).astype(np.int32) * mask
-    segments = ((positions >= (lengths[:, None] + 1) // 2) & (config.type_vocab_size > 1)).astype(np.int32) * mask
-    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
-
-
 def saved_model_scores(version_dir: str, inputs: dict[str, np.ndarray], variant: str) -> np.ndarray:
     """Scores from the SavedModel's serving_default signature, loaded as a server loads it."""
     if variant == "fused":
@@ -65,7 +54,7 @@ def saved_model_scores(version_dir: str, inputs: dict[str, np.ndarray], variant:
 def validate_export(weights: BertWeights, version_dir: str, variant: str, precision: str, seq_length: int,
                     onnx_path: str | None = None) -> list[ValidationRow]:
     """Max |score diff| of each exported file vs the reference; raises ValidationError if any is out of tolerance."""
-    inputs = sample_pairs(weights.config, seq_length)
+    inputs = mixed_length_inputs(weights.config, SAMPLE_ROWS, seq_length)
     expected = reference.scores(weights, inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
     saved_scores = saved_model_scores(version_dir, inputs, variant)
     rows = [ValidationRow(f"saved_model ({variant})", precision, float(np.max(np.abs(saved_scores - expected))),
