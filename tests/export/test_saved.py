@@ -69,6 +69,15 @@ def test_saved_model_cli_lists_the_signature(stock_version):
     assert signature.count("dtype: DT_INT32") == 3 and "dtype: DT_FLOAT" in signature
 
 
+def saved_model_ops(version_dir: str) -> set[str]:
+    """Every op type in the SavedModel's graph and function library."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    model = saved_model_pb2.SavedModel.FromString(open(os.path.join(version_dir, "saved_model.pb"), "rb").read())
+    graph_def = model.meta_graphs[0].graph_def
+    return {n.op for n in graph_def.node} | {n.op for f in graph_def.library.function for n in f.node_def}
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_saves_loads_and_validates(tmp_path, tiny_weights, tiny_vocab, variant):
     name, precision = variant
@@ -78,6 +87,11 @@ def test_every_variant_saves_loads_and_validates(tmp_path, tiny_weights, tiny_vo
     target = saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
     (row,) = validate.validate_export(tiny_weights, target, name, precision, seq_length=16)
     assert row.ok and row.rows == validate.SAMPLE_ROWS
+    custom = {op for op in saved_model_ops(target) if op.startswith("Bert")}
+    if name == "stock":  # loadable by an unmodified tensorflow_model_server
+        assert not custom
+    else:
+        assert custom == {"BertEmbedding", "BertEncoder", "BertGatherFirstToken"}
 
 
 def test_version_rules(tmp_path, tiny_weights, tiny_vocab):
