@@ -226,7 +226,8 @@ def _run_loadtest(args: argparse.Namespace) -> int:
 
 def loadtest_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="bertserve loadtest",
-                                     description="Open- or closed-loop load test; --sweep finds the QPS at the P99 SLO.")
+                                     description="Open- or closed-loop load test; --sweep finds the QPS at the "
+                                                 "P99 SLO.")
     _add_server_args(parser)
     _add_tokenizer_args(parser, required=False)
     _add_load_args(parser)

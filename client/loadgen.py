@@ -105,7 +105,8 @@ class RunStats:
 
     def row(self) -> dict:
         row = {"mode": self.mode, "load": self.load, "sent_qps": round(self.sent_qps, 2), "ok": self.ok,
-               "errors": sum(self.errors.values()), "achieved_qps": round(self.achieved_qps, 2), "pairs_per_s": round(self.pairs_per_s, 1)}
+               "errors": sum(self.errors.values()), "achieved_qps": round(self.achieved_qps, 2),
+               "pairs_per_s": round(self.pairs_per_s, 1)}
         row.update({f"p{p:g}_ms": round(self.percentile_ms(p), 2) for p in PERCENTILES})
         row["errors_by_status"] = dict(self.errors)
         return row
@@ -141,7 +142,7 @@ async def _run(mode: str, load: float, driver, duration_s: float, pairs_per_requ
                progress: bool) -> RunStats:
     recorder = _Recorder()
     start = time.perf_counter()
-    bar = tqdm(total=duration_s, desc=label, unit="s", disable=not progress, leave=False,
+    bar = tqdm(total=duration_s, desc=label, unit="s", disable=None if progress else True, leave=False,
                bar_format="{desc}: {n:.0f}/{total:.0f}s |{bar}| {postfix}")
     ticker = asyncio.create_task(_show_progress(bar, recorder, start + duration_s))
     try:
@@ -149,7 +150,8 @@ async def _run(mode: str, load: float, driver, duration_s: float, pairs_per_requ
     finally:
         ticker.cancel()
         bar.close()
-    return RunStats(mode, load, recorder.sent, duration_s, time.perf_counter() - start, pairs_per_request,
+    elapsed = max(duration_s, time.perf_counter() - start)  # the window, or longer if answers came late
+    return RunStats(mode, load, recorder.sent, duration_s, elapsed, pairs_per_request,
                     np.asarray(recorder.latencies, dtype=np.float64), dict(recorder.errors))
 
 
@@ -201,6 +203,8 @@ async def closed_loop(transport: AsyncGrpcTransport, requests: Sequence, concurr
 
 
 async def warm_up(transport: AsyncGrpcTransport, requests: Sequence, timeout_s: float, count: int = 4) -> None:
-    """A few sequential requests so that connection setup and first-call costs stay out of the numbers."""
+    """Sequential requests, then a concurrent burst (merged batches of several sizes), so that connection setup
+    and first-call costs per batch shape stay out of the numbers."""
     for request in requests[:count]:
         await transport.predict_request(request, timeout_s)
+    await asyncio.gather(*(transport.predict_request(r, timeout_s) for r in requests[:2 * count]))

@@ -27,16 +27,22 @@ class SweepConfig:
             raise ValueError("sweep start QPS and P99 SLO must be positive")
 
 
-def meets_slo(stats: RunStats, config: SweepConfig) -> bool:
+def _error_rate(stats: RunStats) -> float:
     total = stats.ok + sum(stats.errors.values())
-    error_rate = sum(stats.errors.values()) / total if total else 1.0
-    return stats.ok > 0 and stats.percentile_ms(99) <= config.slo_p99_ms and error_rate <= config.max_error_rate
+    return sum(stats.errors.values()) / total if total else 1.0
+
+
+def meets_slo(stats: RunStats, config: SweepConfig) -> bool:
+    return (stats.ok > 0 and stats.percentile_ms(99) <= config.slo_p99_ms
+            and _error_rate(stats) <= config.max_error_rate)
 
 
 def stop_reason(stats: RunStats, config: SweepConfig) -> str | None:
     """Why the sweep ends after this step, or None to go on."""
-    if not meets_slo(stats, config):
-        return f"P99 {stats.percentile_ms(99):.1f} ms or errors {sum(stats.errors.values())} broke the SLO"
+    if _error_rate(stats) > config.max_error_rate:
+        return f"error rate {_error_rate(stats):.1%} above {config.max_error_rate:.1%}"
+    if stats.percentile_ms(99) > config.slo_p99_ms:
+        return f"P99 {stats.percentile_ms(99):.1f} ms above the {config.slo_p99_ms:g} ms SLO"
     if stats.achieved_qps < config.min_achieved_ratio * stats.sent_qps:
         return f"saturated: answered {stats.achieved_qps:.1f} of {stats.sent_qps:.1f} QPS sent"
     return None
@@ -50,6 +56,10 @@ async def sweep(transport: AsyncGrpcTransport, requests: Sequence, config: Sweep
         stats = await open_loop(transport, requests, qps, config.step_duration_s, timeout_s, pairs_per_request,
                                 seed=step, progress=progress)
         results.append(stats)
+        if progress:
+            print(f"  step {step + 1}: offered {qps:g} QPS -> answered {stats.achieved_qps:.2f} QPS, "
+                  f"P50 {stats.percentile_ms(50):.1f} ms, P99 {stats.percentile_ms(99):.1f} ms, "
+                  f"{sum(stats.errors.values())} errors", flush=True)
         reason = stop_reason(stats, config)
         if reason:
             return results, reason
