@@ -109,12 +109,8 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         if args.validate:
             step("validate")
-            try:
-                rows = validate.validate_export(weights, target, args.variant, args.precision, args.max_seq_length,
-                                                onnx_file)
-            except validate.ValidationError as e:
-                print(f"wrote {target}\nvalidation FAILED:\n{e}", file=sys.stderr)
-                return 1
+            rows = validate.validate_export(weights, target, args.variant, args.precision, args.max_seq_length,
+                                            onnx_file)
             bar.update()
     c = weights.config
     print(f"model: {c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads, "
@@ -128,9 +124,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
+    from bertserve.export.validate import ValidationError
+
     args = build_parser().parse_args(list(argv))
     try:
         return run(args)
+    except ValidationError as e:
+        print(f"bertserve export: validation FAILED: {e}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"bertserve export: error: {e}", file=sys.stderr)
         return 2

@@ -18,10 +18,13 @@ import onnxruntime
 import tf2onnx
 
 from bertserve.export.graph import build_ranker_module
+from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.signature import INPUT_SIGNATURE, OUTPUT_NAME
+from bertserve.export.validate import ValidationError
 from bertserve.export.weights import BertWeights
 
 ONNX_OPSET = 17
+CHECK_ROWS, CHECK_SEQ_LENGTH, CHECK_TOLERANCE = 4, 16, 1e-5
 
 
 def onnx_path(base: str, model_name: str, version: int) -> str:
@@ -29,14 +32,22 @@ def onnx_path(base: str, model_name: str, version: int) -> str:
 
 
 def export_onnx(weights: BertWeights, path: str, opset: int = ONNX_OPSET) -> str:
-    """Converts the stock fp32 graph to ONNX at path and checks the file with onnx.checker; returns path."""
+    """Converts the stock fp32 graph to ONNX at path, then checks the file: onnx.checker, and onnxruntime's scores
+    against the TensorFlow graph it came from on a few mixed-length rows. Returns path."""
     module = build_ranker_module(weights, variant="stock", precision="fp32")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     model, _ = tf2onnx.convert.from_function(module.serving_default, input_signature=INPUT_SIGNATURE,
                                              opset=opset, output_path=path)
     onnx.checker.check_model(path)
     if [o.name for o in model.graph.output] != [OUTPUT_NAME]:
-        raise RuntimeError(f"ONNX outputs are {[o.name for o in model.graph.output]}, expected [{OUTPUT_NAME!r}]")
+        outputs = [o.name for o in model.graph.output]
+        raise ValidationError(f"{path}: ONNX outputs are {outputs}, expected [{OUTPUT_NAME!r}]")
+    seq_length = min(CHECK_SEQ_LENGTH, weights.config.max_position_embeddings)
+    inputs = mixed_length_inputs(weights.config, CHECK_ROWS, seq_length)
+    expected = module.serving_default(**inputs)[OUTPUT_NAME].numpy()
+    diff = float(np.max(np.abs(OnnxRanker(path).scores(**inputs) - expected)))
+    if diff > CHECK_TOLERANCE:
+        raise ValidationError(f"{path}: onnxruntime scores differ from the TensorFlow graph by {diff:.3g}")
     return path
 
 

@@ -67,7 +67,7 @@ def validate_export(weights: BertWeights, version_dir: str, variant: str, precis
                                   len(expected)))
     failed = [row for row in rows if not row.ok]
     if failed:
-        raise ValidationError(format_table(rows) + "\n" + "; ".join(
+        raise ValidationError(f"{version_dir}:\n" + format_table(rows) + "\n" + "; ".join(
             f"{row.target} differs from the reference by {row.max_abs_diff:.3g} > {row.tolerance:g}"
             for row in failed))
     return rows
