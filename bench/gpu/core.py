@@ -52,10 +52,11 @@ def fuse_qkv(arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def token_bucket(num_tokens: int) -> int:
-    """Graph bucket for a token count: multiples of 16 up to 128, then 8 steps per power of two (<= 12.5% waste)."""
-    if num_tokens <= 128:
+    """Graph bucket for a token count: multiples of 16 up to 256, then 16 steps per power of two (<= 6.25% of
+    the tokens computed are scratch)."""
+    if num_tokens <= 256:
         return max(16, -(-num_tokens // 16) * 16)
-    step = 1 << (num_tokens.bit_length() - 4)
+    step = 1 << (num_tokens.bit_length() - 5)
     return -(-num_tokens // step) * step
 
 

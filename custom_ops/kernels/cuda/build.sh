@@ -1,29 +1,53 @@
 #!/usr/bin/env bash
 # Builds the CUDA core as libbertserve_cuda.so (the C ABI of ranker_c_api.cu; what bench/gpu loads), without
-# Make or Bazel. Usage: build.sh OUT_DIR
+# Make or Bazel; with --tf also _bert_ops_gpu.so, the TensorFlow GPU kernels (custom_ops/tf/*_gpu*) over the
+# same core, to load after _bert_ops.so. Usage: build.sh OUT_DIR [--tf]
 #   CUDA_HOME     CUDA 13 toolkit (default /usr/local/cuda)
 #   CUBLAS_HOME   folder with include/cublasLt.h and lib/libcublasLt.so* when the toolkit lacks cuBLAS
 #                 (PyPI's nvidia-cublas wheel installs one at site-packages/nvidia/cu13)
 #   CUDA_ARCH     nvcc -gencode value (default arch=compute_90a,code=sm_90a: Hopper)
+#   PYTHON        a Python with tensorflow, for its compile and link flags (--tf only; default python3)
+# The CUDA runtime is linked statically (-cudart static): TensorFlow 2.21 is a CUDA 12.5 build and loads its own
+# runtime; ours (CUDA 13, driver R580+) only ever uses the stream TensorFlow hands the kernels.
 set -euo pipefail
 out=${1:?usage: build.sh OUT_DIR}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../../.." && pwd)
 cuda=${CUDA_HOME:-/usr/local/cuda}
 cublas=${CUBLAS_HOME:-$cuda}
+py=${PYTHON:-python3}
 if [[ ! -f $cublas/include/cublasLt.h ]]; then  # fall back on a pip-installed nvidia-cublas (CUDA 13)
-  cublas=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
+  cublas=$("$py" -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
 fi
 arch=${CUDA_ARCH:-arch=compute_90a,code=sm_90a}
 mkdir -p "$out"
-objs=()
+# Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
+pids=()
+core_objs=()
 for src in gemm elementwise attention encoder ranker_c_api; do
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &
-  objs+=("$out/$src.o")
+  pids+=($!)
+  [[ $src == ranker_c_api ]] || core_objs+=("$out/$src.o")
 done
-wait
+for pid in "${pids[@]}"; do wait "$pid"; done
 cublaslt=$(ls "$cublas"/lib*/libcublasLt.so* | head -1)
-"$cuda/bin/nvcc" -shared -cudart static -o "$out/libbertserve_cuda.so" "${objs[@]}" \
+"$cuda/bin/nvcc" -shared -cudart static -o "$out/libbertserve_cuda.so" "${core_objs[@]}" "$out/ranker_c_api.o" \
   -L"$(dirname "$cublaslt")" -l:"$(basename "$cublaslt")" -Xlinker -rpath -Xlinker "$(dirname "$cublaslt")"
 echo "built $out/libbertserve_cuda.so"
+[[ ${2:-} == --tf ]] || exit 0
+read -r -a tf_cflags <<<"$("$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))')"
+read -r -a tf_lflags <<<"$("$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))')"
+pids=()
+tf_objs=()
+for src in custom_ops/tf/bert_kernels_gpu.cu.cc custom_ops/tf/bert_op_inputs.cc custom_ops/kernels/validation.cc; do
+  obj="$out/$(basename "${src%%.*}")_tf.o"
+  "$cuda/bin/nvcc" -x c++ -O3 -Xcompiler -fPIC "${tf_cflags[@]}" -I"$root" -I"$cublas/include" -c "$root/$src" -o "$obj" &
+  pids+=($!)
+  tf_objs+=("$obj")
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
+"$cuda/bin/nvcc" -shared -cudart static -o "$out/_bert_ops_gpu.so" "${tf_objs[@]}" "${core_objs[@]}" \
+  -L"$(dirname "$cublaslt")" -l:"$(basename "$cublaslt")" -Xlinker -rpath -Xlinker "$(dirname "$cublaslt")" \
+  "${tf_lflags[@]}"
+echo "built $out/_bert_ops_gpu.so"

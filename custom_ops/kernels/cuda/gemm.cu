@@ -102,7 +102,10 @@ const GemmOptions& OptionsOf(const GemmContext* context) { return context->optio
 
 namespace {
 
-constexpr int kAutotuneCandidates = 8;
+// Small-m shapes (latency-bound, where cuBLASLt's first guess is furthest off) get a wider search.
+constexpr int kAutotuneCandidates = 32;
+constexpr int kAutotuneCandidatesLargeM = 8;
+constexpr int64_t kLargeM = 4096;
 constexpr int kAutotuneRepeats = 5;
 
 struct Operands {
@@ -184,7 +187,10 @@ Plan MakePlan(GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue ep
   int found = 0;
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(context->handle, plan.desc, plan.a, plan.b, plan.d, plan.d, preference,
-                                     context->options.autotune ? kAutotuneCandidates : 1, results, &found);
+                                     !context->options.autotune ? 1
+                                     : m >= kLargeM             ? kAutotuneCandidatesLargeM
+                                                                : kAutotuneCandidates,
+                                     results, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   ThrowIfFailed(status, shape + " heuristic");
   if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for " + shape);
