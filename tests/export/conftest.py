@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import sys
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # the float64 reference's small GEMMs thrash with more threads
+import pytest
 
-import pytest  # noqa: E402
-
-from bertserve.export import loaders  # noqa: E402
-from bertserve.export.weights import BertWeights  # noqa: E402
+from bertserve.export import loaders
+from bertserve.export.weights import BertWeights
 
 sys.path.insert(0, os.path.dirname(__file__))
 from export_testing import SPECIAL_TOKENS, TINY_CONFIG  # noqa: E402
