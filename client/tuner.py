@@ -17,7 +17,7 @@ from bertserve.client.report import machine_label
 from bertserve.client.server_process import running_server
 from bertserve.client.sweep import SweepConfig, best_within_slo, sweep
 from bertserve.client.transport import AsyncGrpcTransport
-from bertserve.server.protos.batching_parameters_pb2 import BatchingParameters
+from bertserve.server.batching_parameters_pb2 import BatchingParameters
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ from bertserve.client.demo import MODEL_NAME as MODEL
 from bertserve.client.demo import heldout_metrics
 from bertserve.client.ranker import RankerClient
 from bertserve.client.tuner import BatchingCandidate
-from bertserve.server.protos.batching_parameters_pb2 import BatchingParameters
+from bertserve.server.batching_parameters_pb2 import BatchingParameters
 
 
 def test_heldout_ranking_beats_chance(served_ranker):
