@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The GPU harness as one device call (from the repository root, with .device_carry made by prepare_carry.py):
+# build + correctness, compute-sanitizer memcheck over every kernel variant, then timings, per-kernel profile,
+# serving replay and torch.compile, each stage in its own process so a failure in one keeps the others' numbers.
+# Results land in $OUT/{check,perf}/gpu_bench.json and gpu_bench_table.md; logs in $OUT/*.log.
+set -u
+export PYTHONUNBUFFERED=1
+out=${OUT:-.}
+mkdir -p "$out/check" "$out/perf"
+python3 bench/gpu/run_bench.py --stages build,check --out "$out/check" >"$out/check.log" 2>&1
+grep -E "fp16_worst|failed|Error" "$out/check.log"
+(cd bench/gpu && timeout 170 compute-sanitizer --tool memcheck --error-exitcode 9 python3 sanitize_core.py \
+  /tmp/bertserve_cuda_build/libbertserve_cuda.so >"$out/memcheck.log" 2>&1; echo "memcheck rc=$?")
+tail -2 "$out/memcheck.log"
+timeout 330 python3 bench/gpu/run_bench.py --stages time,profile,replay,compile --out "$out/perf" >"$out/perf.log" 2>&1
+grep -E "failed|Error" "$out/perf.log"
+cat "$out/perf/gpu_bench_table.md"
