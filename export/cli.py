@@ -92,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
         weights = load_weights(args)
         bar.update()
         step("build graph")
-        if args.variant == "fused":
-            import bertserve.custom_ops  # noqa: F401  (registers the ops before tracing)
         module = graph.build_ranker_module(weights, args.variant, args.precision)
         bar.update()
         step("write SavedModel")

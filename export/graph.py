@@ -53,6 +53,7 @@ def fused_arrays(weights: BertWeights) -> dict[str, np.ndarray]:
 def _fused_serve(weights: BertWeights) -> Callable:
     from bertserve import custom_ops as ops
 
+    ops.load_op_library()  # fail here, naming the missing library, rather than inside tracing at save time
     config = weights.config
     encoder_inputs = list(ops.ENCODER_WEIGHT_NAMES)
 

@@ -27,8 +27,6 @@ def modules(tiny_weights):
     def get(variant: str, precision: str, weights: BertWeights = tiny_weights):
         key = (variant, precision, id(weights))
         if key not in cache:
-            if variant == "fused":
-                import bertserve.custom_ops  # noqa: F401
             cache[key] = graph.build_ranker_module(weights, variant, precision)
         return cache[key]
 

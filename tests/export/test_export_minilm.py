@@ -82,10 +82,6 @@ def exported(tmp_path_factory, hf_ranker):
 
     def get(variant: str, precision: str) -> str:
         if (variant, precision) not in cache:
-            if variant == "fused":
-                from bertserve import custom_ops
-
-                custom_ops.load_op_library()
             module = graph.build_ranker_module(weights, variant, precision)
             version = len(cache) + 1
             cache[(variant, precision)] = saved.write_version(module, weights.config, str(base),

@@ -81,8 +81,6 @@ def saved_model_ops(version_dir: str) -> set[str]:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_saves_loads_and_validates(tmp_path, tiny_weights, tiny_vocab, variant):
     name, precision = variant
-    if name == "fused":
-        import bertserve.custom_ops  # noqa: F401
     module = graph.build_ranker_module(tiny_weights, name, precision)
     target = saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
     (row,) = validate.validate_export(tiny_weights, target, name, precision, seq_length=16)
