@@ -21,11 +21,10 @@ BAZEL_LIBRARY = REPO / "bazel-bin" / "custom_ops" / "_bert_ops.so"
 RUNNER = Path(__file__).with_name("op_outputs.py")
 
 
-def outputs_of(library: Path, tmp_path: Path) -> dict[str, np.ndarray]:
-    """Runs op_outputs.py in a fresh interpreter with `library` selected; returns what it saved."""
-    out = tmp_path / f"{library.parent.parent.name}_{library.parent.name}.npz"
+def outputs_of(library: Path, out: Path) -> dict[str, np.ndarray]:
+    """Runs op_outputs.py in a fresh interpreter with `library` selected; returns what it saved in `out`."""
     env = dict(os.environ, BERTSERVE_OPS_LIBRARY=str(library), TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, str(RUNNER), str(out)], env=env, cwd=tmp_path,
+    done = subprocess.run([sys.executable, str(RUNNER), str(out)], env=env, cwd=out.parent,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{RUNNER.name} with {library} failed:\n{done.stderr[-4000:]}"
     with np.load(out) as saved:
@@ -39,7 +38,7 @@ def both_outputs(tmp_path_factory) -> tuple[dict[str, np.ndarray], dict[str, np.
                     "`./configure.sh && bazel build //custom_ops:all` (make bazel)")
     assert PIP_LIBRARY.exists(), f"pip artifact {PIP_LIBRARY} missing: run `make ops` (setup.py build_ext --inplace)"
     tmp_path = tmp_path_factory.mktemp("artifacts")
-    return outputs_of(PIP_LIBRARY, tmp_path), outputs_of(BAZEL_LIBRARY, tmp_path)
+    return outputs_of(PIP_LIBRARY, tmp_path / "pip.npz"), outputs_of(BAZEL_LIBRARY, tmp_path / "bazel.npz")
 
 
 def test_each_process_loaded_the_library_it_was_given(both_outputs):
