@@ -88,3 +88,16 @@ def test_errors_are_reported_not_raised(capsys, tmp_path, google_dir, monkeypatc
     code, out, err = export(capsys, google_dir, str(tmp_path), "--model", "m", "--version", "1",
                             "--variant", "stock", "--validate")
     assert code == 1 and "validation FAILED" in err and "differs from the reference by" in err
+
+
+def test_example_fine_tunes_minilm_and_exports_it(capsys, tmp_path):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "finetune_minilm_ranker.py")
+    spec = importlib.util.spec_from_file_location("finetune_minilm_ranker", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(["--max_seconds", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'models' / 'chitchat' / '1'}" in out and "saved_model (stock)" in out
+    assert os.path.isfile(tmp_path / "train" / "vocab.txt")
