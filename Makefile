@@ -37,7 +37,7 @@ bazel: setup
 	./configure.sh
 	bazel build //custom_ops:all
 
-test: setup
+test: setup bazel
 	$(PY) -m pytest -q tests
 
 demo: setup
