@@ -102,11 +102,10 @@ const GemmOptions& OptionsOf(const GemmContext* context) { return context->optio
 
 namespace {
 
-// Only latency-bound shapes (small m), where cuBLASLt's first guess is furthest off, are timed. For large m its
-// first guess was measured faster (724 TFLOP/s at 41k tokens on an H200) than the winners of short timing runs
-// (~690), which favour kernels that do well on L2-warm operands.
+// Small-m shapes (latency-bound, where cuBLASLt's first guess is furthest off) get a wider search.
 constexpr int kAutotuneCandidates = 32;
-constexpr int64_t kAutotuneMaxM = 4096;
+constexpr int kAutotuneCandidatesLargeM = 8;
+constexpr int64_t kLargeM = 4096;
 constexpr int kAutotuneRepeats = 5;
 
 struct Operands {
@@ -184,19 +183,21 @@ Plan MakePlan(GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue ep
                                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment));
   }
-  const bool autotune = context->options.autotune && m < kAutotuneMaxM;
   cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates] = {};
   int found = 0;
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(context->handle, plan.desc, plan.a, plan.b, plan.d, plan.d, preference,
-                                     autotune ? kAutotuneCandidates : 1, results, &found);
+                                     !context->options.autotune ? 1
+                                     : m >= kLargeM             ? kAutotuneCandidatesLargeM
+                                                                : kAutotuneCandidates,
+                                     results, &found);
   cublasLtMatmulPreferenceDestroy(preference);
   ThrowIfFailed(status, shape + " heuristic");
   if (found == 0) throw std::runtime_error("cuBLASLt found no algorithm for " + shape);
   plan.algo = results[0].algo;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(operands.stream, &capture);
-  if (autotune && found > 1 && capture == cudaStreamCaptureStatusNone) {
+  if (context->options.autotune && found > 1 && capture == cudaStreamCaptureStatusNone) {
     plan.algo = FastestAlgo(context->handle, plan, results, found, operands);
   }
   return plan;

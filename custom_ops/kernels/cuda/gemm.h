@@ -14,7 +14,7 @@ namespace cuda {
 struct GemmContext;
 
 struct GemmOptions {
-  // Time cuBLASLt's candidates on the real operands when a small-m shape is first planned; keep the fastest.
+  // Time cuBLASLt's best few candidates on the real operands when a shape is first planned and keep the fastest.
   // That first call waits for the device (never while the stream is being captured), so it suits callers that
   // plan shapes ahead (the harness's graph buckets), not a serving op that sees a new token count per batch.
   bool autotune = false;
