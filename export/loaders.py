@@ -259,6 +259,17 @@ def load_hf_encoder_as_ranker(path: str, seed: int = 0, num_labels: int = 1) -> 
     return heads.with_seeded_classifier(config, arrays, seed)
 
 
+def hf_state_dict(weights: BertWeights) -> dict[str, np.ndarray]:
+    """The inverse of load_hf_directory: BertForSequenceClassification tensor names -> arrays in torch layout
+    ([out, in] Linear weights), e.g. to build a transformers model from BertWeights."""
+    state = {}
+    for name, array in weights.items():
+        source, transposed = _HF.names[name]
+        for layer, value in (enumerate(array) if _LAYER in source else [(None, array)]):
+            state[source.format(layer=layer)] = np.ascontiguousarray(value.T if transposed else value)
+    return state
+
+
 # ---------------------------------------------------------------- bertserve training checkpoint
 
 def load_training_checkpoint(path: str) -> BertWeights:

@@ -95,6 +95,17 @@ def test_hf_safetensors_and_pytorch_bin_give_the_same_weights(tmp_path, num_labe
     np.testing.assert_array_equal(from_safetensors["classifier_kernel"], state["classifier.weight"].numpy().T)
 
 
+def test_hf_state_dict_is_what_transformers_loads(tmp_path, tiny_weights):
+    import torch
+
+    model = tiny_hf_model(1)
+    state = loaders.hf_state_dict(tiny_weights)
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+    assert not unexpected and all("position_ids" in name for name in missing)
+    model.save_pretrained(tmp_path)
+    assert_same_weights(loaders.load_hf_directory(str(tmp_path)), tiny_weights)
+
+
 def test_hf_refuses_a_bert_model_without_classifier(minilm_dir):
     with pytest.raises(loaders.WeightsFormatError, match=r"missing variable classifier\.weight \(BertModel"):
         loaders.load_hf_directory(minilm_dir)
