@@ -32,6 +32,7 @@ import time
 
 import grpc
 import numpy as np
+import requests
 import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -48,6 +49,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=64, max_position_embeddings=64)
 SEQ = 32
+METRICS_PATH = "/monitoring/prometheus/metrics"
 
 
 def machine() -> dict:
@@ -82,14 +84,21 @@ def free_port() -> int:
 
 
 class Server:
+    """A `bertserve serve` process with gRPC, and REST for its Prometheus metrics."""
+
     def __init__(self, name: str, base_path: str, batching: str | None):
-        self.port = free_port()
-        flags = [f"--port={self.port}", f"--model_name={name}", f"--model_base_path={base_path}"]
+        self.port, self.rest_port = free_port(), free_port()
+        self.files = tempfile.TemporaryDirectory()
+        monitoring = os.path.join(self.files.name, "monitoring.config")
+        with open(monitoring, "w", encoding="utf-8") as handle:
+            handle.write(f'prometheus_config {{ enable: true path: "{METRICS_PATH}" }}')
+        flags = [f"--port={self.port}", f"--rest_api_port={self.rest_port}", f"--model_name={name}",
+                 f"--model_base_path={base_path}", f"--monitoring_config_file={monitoring}"]
         if batching is not None:
-            self.batching_file = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
-            self.batching_file.write(batching)
-            self.batching_file.close()
-            flags += ["--enable_batching", f"--batching_parameters_file={self.batching_file.name}"]
+            batching_file = os.path.join(self.files.name, "batching.txt")
+            with open(batching_file, "w", encoding="utf-8") as handle:
+                handle.write(batching)
+            flags += ["--enable_batching", f"--batching_parameters_file={batching_file}"]
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         self.proc = subprocess.Popen([sys.executable, "-m", "bertserve.cli", "serve", *flags], cwd=REPO_ROOT,
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -104,23 +113,42 @@ class Server:
                 time.sleep(0.2)
         raise RuntimeError("server did not become ready")
 
+    def batch_sizes(self) -> tuple[float, float]:
+        """(rows, batches) run so far, from the server's bertserve_batch_size histogram."""
+        text = requests.get(f"http://127.0.0.1:{self.rest_port}{METRICS_PATH}", timeout=30).text
+        totals = {"sum": 0.0, "count": 0.0}
+        for line in text.splitlines():
+            for kind in totals:
+                if line.startswith(f"bertserve_batch_size_{kind}{{"):
+                    totals[kind] += float(line.rsplit(" ", 1)[1])
+        return totals["sum"], totals["count"]
+
     def close(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(60)
         self.channel.close()
+        self.files.cleanup()
 
 
-def sequential_latency_us(call, count: int) -> dict:
-    for _ in range(max(3, count // 10)):
-        call()
-    samples = []
-    for _ in range(count):
-        start = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - start) * 1e6)
-    samples.sort()
-    return {"p50_us": round(statistics.median(samples), 1), "p99_us": round(samples[int(0.99 * (len(samples) - 1))], 1),
-            "mean_us": round(statistics.fmean(samples), 1), "n": count}
+def interleaved_latency_us(calls: dict, count: int) -> dict:
+    """Times each call `count` times, interleaved (rotating order), so shared-CPU noise hits all of them alike."""
+    names = list(calls)
+    for name in names:
+        for _ in range(max(3, count // 10)):
+            calls[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(count):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            start = time.perf_counter()
+            calls[name]()
+            samples[name].append((time.perf_counter() - start) * 1e6)
+    summary = {}
+    for name, values in samples.items():
+        values.sort()
+        summary[name] = {"p50_us": round(statistics.median(values), 1),
+                         "p99_us": round(values[int(0.99 * (len(values) - 1))], 1),
+                         "mean_us": round(statistics.fmean(values), 1), "n": count}
+    return summary
 
 
 def closed_loop_rps(stub, request, in_flight: int, seconds: float) -> dict:
@@ -155,25 +183,31 @@ def closed_loop_rps(stub, request, in_flight: int, seconds: float) -> dict:
 def tiny_part(base: str, quick: bool) -> dict:
     path = export(base, "tiny", TINY_CONFIG, "stock")
     one_row = warmup_inputs(TINY_CONFIG, 1, SEQ)
-    loaded = tf.saved_model.load(os.path.join(path, "1"))
-    function = loaded.signatures["serving_default"]
-    direct = sequential_latency_us(lambda: function(**{k: tf.constant(v) for k, v in one_row.items()}),
-                                   200 if quick else 1000)
-    result = {"model": "1 layer, hidden 32, seq 32, batch 1 per request", "direct_call": direct}
+    function = tf.saved_model.load(os.path.join(path, "1")).signatures["serving_default"]
     request = request_for("tiny", one_row)
-    seconds = 3 if quick else 10
-    for label, batching in (("grpc_no_batching", None),
-                            ("grpc_batching", "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
-                                              "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")):
-        server = Server("tiny", path, batching)
-        try:
-            latency = sequential_latency_us(lambda: server.stub.Predict(request, timeout=30), 200 if quick else 1000)
-            latency["server_cost_us"] = round(latency["p50_us"] - direct["p50_us"], 1)
-            result[label] = {"sequential": latency,
-                             "closed_loop": closed_loop_rps(server.stub, request, 64, seconds)}
-        finally:
-            server.close()
-    return result
+    plain = Server("tiny", path, None)
+    batching = Server("tiny", path, "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
+                                    "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")
+    try:
+        latency = interleaved_latency_us({
+            "direct_call": lambda: function(**{k: tf.constant(v) for k, v in one_row.items()})["scores"].numpy(),
+            "grpc_no_batching": lambda: plain.stub.Predict(request, timeout=30),
+            "grpc_batching": lambda: batching.stub.Predict(request, timeout=30)}, 300 if quick else 2000)
+        seconds = 3 if quick else 10
+        rows_before, batches_before = batching.batch_sizes()
+        throughput = {"grpc_no_batching": closed_loop_rps(plain.stub, request, 64, seconds),
+                      "grpc_batching": closed_loop_rps(batching.stub, request, 64, seconds)}
+        rows, batches = (a - b for a, b in zip(batching.batch_sizes(), (rows_before, batches_before)))
+        throughput["grpc_batching"]["mean_rows_per_executed_batch"] = round(rows / max(batches, 1), 2)
+    finally:
+        plain.close()
+        batching.close()
+    direct_p50 = latency["direct_call"]["p50_us"]
+    return {"model": "1 layer, hidden 32, seq 32, one row per request; latency: one request at a time",
+            "latency": latency,
+            "server_cost_us_p50": {name: round(latency[name]["p50_us"] - direct_p50, 1)
+                                   for name in ("grpc_no_batching", "grpc_batching")},
+            "max_throughput": throughput}
 
 
 def batcher_choice(base: str, quick: bool) -> dict:
@@ -238,29 +272,33 @@ def chitchat_part(base: str, variant: str, quick: bool) -> dict:
     name = f"chitchat_{variant}"
     path = export(base, name, CHITCHAT_CONFIG, variant)
     query = warmup_inputs(CHITCHAT_CONFIG, 32, SEQ, seed=3)
-    loaded = tf.saved_model.load(os.path.join(path, "1"))
-    function = loaded.signatures["serving_default"]
-    reps = 5 if quick else 20
-    direct = sequential_latency_us(lambda: function(**{k: tf.constant(v) for k, v in query.items()}), reps)
+    function = tf.saved_model.load(os.path.join(path, "1")).signatures["serving_default"]
     server = Server(name, path, "max_batch_size { value: 32 } batch_timeout_micros { value: 2000 } "
                                 "max_enqueued_batches { value: 100 } num_batch_threads { value: 1 }")
+    whole = request_for(name, query)
+    singles = [request_for(name, {k: v[i:i + 1] for k, v in query.items()}) for i in range(32)]
+
+    def merged_query() -> None:
+        for future in [server.stub.Predict.future(r, timeout=60) for r in singles]:
+            future.result()
+
+    count = 5 if quick else 25
     try:
-        through = sequential_latency_us(lambda: server.stub.Predict(request_for(name, query), timeout=60), reps)
-        singles = [request_for(name, {k: v[i:i + 1] for k, v in query.items()}) for i in range(32)]
-
-        def merged_query() -> None:
-            for future in [server.stub.Predict.future(r, timeout=60) for r in singles]:
-                future.result()
-
-        merged = sequential_latency_us(merged_query, reps)
+        rows_before, batches_before = server.batch_sizes()
+        latency = interleaved_latency_us({
+            "direct_batch32_call": lambda: function(**{k: tf.constant(v) for k, v in query.items()})["scores"].numpy(),
+            "grpc_one_request_of_32_pairs": lambda: server.stub.Predict(whole, timeout=60),
+            "grpc_32_concurrent_single_pair_requests_batched": merged_query}, count)
+        rows, batches = (after - before for after, before in zip(server.batch_sizes(), (rows_before, batches_before)))
+        whole_calls = count + max(3, count // 10)  # each 32-pair request runs as one batch of 32 rows
     finally:
         server.close()
+    direct_p50 = latency["direct_batch32_call"]["p50_us"]
     return {"model": f"6 layers, 768, 12 heads, FFN 3072, seq {SEQ}, {variant} fp32, random weights",
-            "direct_batch32_call": direct,
-            "grpc_one_request_of_32_pairs": through,
-            "grpc_32_concurrent_single_pair_requests_batched": merged,
-            "ratio_server_vs_direct_batch32": round(through["p50_us"] / direct["p50_us"], 3),
-            "ratio_32_singles_batched_vs_direct_batch32": round(merged["p50_us"] / direct["p50_us"], 3)}
+            "latency": latency,
+            "singles_mean_rows_per_executed_batch": round((rows - 32 * whole_calls) / max(batches - whole_calls, 1), 2),
+            "ratio_to_direct_p50": {key: round(value["p50_us"] / direct_p50, 3) for key, value in latency.items()
+                                    if key != "direct_batch32_call"}}
 
 
 def main() -> int:

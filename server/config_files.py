@@ -8,7 +8,7 @@ import os
 from google.protobuf import message, text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from bertserve.server.protos import batching_parameters_pb2, monitoring_config_pb2
+from bertserve.server import batching_parameters_pb2, monitoring_config_pb2
 
 DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
 

@@ -10,7 +10,7 @@ from google.protobuf import text_format
 from bertserve.server.config_files import (DEFAULT_PROMETHEUS_PATH, ConfigError, batching_options_from_proto,
                                            read_batching_options, read_model_server_config, read_prometheus_path)
 from bertserve.server.flags import FlagError, parse_flags
-from bertserve.server.protos import batching_parameters_pb2, monitoring_config_pb2
+from bertserve.server import batching_parameters_pb2, monitoring_config_pb2
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
