@@ -14,6 +14,9 @@ namespace cpu {
 namespace {
 
 constexpr int64_t kAlignFloats = 16;  // 64-byte alignment of every workspace region
+// Rough cycle costs for TensorFlow's ParallelFor, which runs a loop inline when it is too small to share.
+constexpr int64_t kLayerNormCyclesPerElement = 4;
+constexpr int64_t kConvertCyclesPerElement = 1;
 
 int64_t Aligned(int64_t floats) { return (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
 
@@ -86,7 +89,7 @@ void ParallelConvert(const ThreadPool& pool, void (*convert)(const In*, Out*, in
                      Out* out) {
   constexpr int64_t kChunk = 1 << 14;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  ParallelRows(pool, chunks, 4 * kChunk, [&](int64_t c) {
+  ParallelRows(pool, chunks, kConvertCyclesPerElement * kChunk, [&](int64_t c) {
     const int64_t begin = c * kChunk;
     convert(in + begin, out + begin, std::min(kChunk, n - begin));
   });
@@ -148,7 +151,7 @@ void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const Pa
   SelfAttention(d, batch, s.qkv, s.context, pool);
 
   ParallelGemm(pool, n, hidden, hidden, s.context, w.attention_output_kernel, s.projection, {});
-  ParallelRows(pool, n, 10 * hidden, [&](int64_t r) {
+  ParallelRows(pool, n, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
     AddBiasResidualLayerNorm(s.projection + r * hidden, w.attention_output_bias, w.attention_ln_gamma,
                              w.attention_ln_beta, hidden, eps, x + r * hidden);
   });
@@ -157,7 +160,7 @@ void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const Pa
     for (int64_t r = 0; r < n; ++r) AddBiasGelu(w.intermediate_bias + c0, c1 - c0, s.intermediate + r * inter + c0);
   });
   ParallelGemm(pool, n, hidden, inter, s.intermediate, w.output_kernel, s.projection, {});
-  ParallelRows(pool, n, 10 * hidden, [&](int64_t r) {
+  ParallelRows(pool, n, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
     AddBiasResidualLayerNorm(s.projection + r * hidden, w.output_bias, w.output_ln_gamma, w.output_ln_beta, hidden,
                              eps, x + r * hidden);
   });

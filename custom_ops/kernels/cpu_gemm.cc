@@ -19,8 +19,11 @@ namespace bertserve {
 namespace cpu {
 namespace {
 
-constexpr int64_t kColumnAlign = 16;        // a full AVX-512 register of floats per column block
+constexpr int64_t kColumnAlign = 16;  // a full AVX-512 register of floats per column block
 constexpr int64_t kMinColumnsPerShard = 64;
+// More blocks than threads, so a thread the OS delays on a shared machine does not hold up the whole GEMM: the
+// blocks split the weights (never read twice) and re-read only the small token matrix.
+constexpr int64_t kShardsPerThread = 2;
 constexpr double kMinFlopsPerShard = 2e6;  // below this a thread hand-off costs more than it saves
 
 void SingleThreadedBlas() {
@@ -34,7 +37,7 @@ void ParallelGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const
                   const GemmEpilogue& epilogue) {
   SingleThreadedBlas();
   const double flops = 2.0 * m * n * k;
-  int64_t shards = std::min<int64_t>(pool.num_threads, n / kMinColumnsPerShard);
+  int64_t shards = std::min<int64_t>(kShardsPerThread * pool.num_threads, n / kMinColumnsPerShard);
   shards = std::min<int64_t>(shards, static_cast<int64_t>(flops / kMinFlopsPerShard));
   shards = std::max<int64_t>(shards, 1);
   const int64_t block = (n + shards - 1) / shards;

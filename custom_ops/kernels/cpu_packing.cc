@@ -41,7 +41,8 @@ void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int
   std::vector<float> norm(2 * hidden);
   const float* gamma = RowAsFloat(w.ln_gamma, hidden, norm.data());
   const float* beta = RowAsFloat(w.ln_beta, hidden, norm.data() + hidden);
-  pool.parallel_for(batch.batch, 20 * seq * hidden, [&](int64_t begin, int64_t end) {
+  constexpr int64_t kCyclesPerElement = 6;  // three loads, the sum and LayerNorm
+  pool.parallel_for(batch.batch, kCyclesPerElement * seq * hidden, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(std::is_same_v<T, float> ? 0 : 4 * hidden);
     float* s = scratch.data();
     for (int64_t b = begin; b < end; ++b) {
