@@ -30,10 +30,10 @@ def free_port() -> int:
 class ServerProcess:
     """`python -m bertserve.cli serve ...` in a subprocess, reached only through gRPC stubs and HTTP."""
 
-    def __init__(self, *flags: str):
+    def __init__(self, *flags: str, env: dict[str, str] | None = None):
         self.grpc_port, self.rest_port = free_port(), free_port()
         self.log_file = tempfile.NamedTemporaryFile(prefix="bertserve-serve-", suffix=".log", delete=False)
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bertserve.cli", "serve", f"--port={self.grpc_port}",
              f"--rest_api_port={self.rest_port}", *flags],
@@ -82,8 +82,8 @@ def start_server():
     """Starts servers for one test and always stops them."""
     started: list[ServerProcess] = []
 
-    def start(*flags: str, ready: bool = True) -> ServerProcess:
-        server = ServerProcess(*flags)
+    def start(*flags: str, ready: bool = True, env: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(*flags, env=env)
         started.append(server)
         return server.wait_ready() if ready else server
 

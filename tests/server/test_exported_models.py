@@ -8,6 +8,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow_serving.apis import get_model_status_pb2
 
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
@@ -41,12 +42,16 @@ def exported(tmp_path_factory) -> tuple[str, list[str]]:
     return base, variants
 
 
+def _config_file(tmp_path, base: str, variants: list[str]) -> str:
+    path = tmp_path / "models.config"
+    path.write_text("model_config_list {" + "".join(
+        f' config {{ name: "{v}" base_path: "{base}/{v}" }}' for v in variants) + " }")
+    return f"--model_config_file={path}"
+
+
 def test_exported_versions_serve_equal_to_direct_calls(exported, tmp_path, start_server):
     base, variants = exported
-    config = "model_config_list {" + "".join(
-        f' config {{ name: "{v}" base_path: "{base}/{v}" }}' for v in variants) + " }"
-    (tmp_path / "models.config").write_text(config)
-    server = start_server(f"--model_config_file={tmp_path / 'models.config'}", "--enable_batching")
+    server = start_server(_config_file(tmp_path, base, variants), "--enable_batching")
     inputs = warmup_inputs(CONFIG, 6, 16, seed=9)
     for variant in variants:
         reply = server.predict.Predict(predict_request(variant, inputs), timeout=60)
@@ -60,3 +65,20 @@ def test_exported_versions_serve_equal_to_direct_calls(exported, tmp_path, start
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "out of range [0, 50)" in info.value.details()
     if "fused" not in variants:
         pytest.skip("op library not built: only the stock export was served")
+
+
+def test_missing_op_library_fails_only_the_fused_model(exported, tmp_path, start_server):
+    """Without the op library the server still starts; stock models serve, a fused one reports its load error."""
+    base, variants = exported
+    server = start_server(_config_file(tmp_path, base, variants),
+                          env={"BERTSERVE_OPS_LIBRARY": str(tmp_path / "missing" / "_bert_ops.so")})
+    assert "fused ops not loaded" in server.log()
+    inputs = warmup_inputs(CONFIG, 2, 16)
+    assert server.predict.Predict(predict_request("stock", inputs), timeout=60).outputs["scores"].tensor_shape.dim
+    if "fused" not in variants:
+        pytest.skip("op library not built: no fused export to load")
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = "fused"
+    status = server.models.GetModelStatus(request, timeout=30).model_version_status[0]
+    assert status.state == get_model_status_pb2.ModelVersionStatus.END
+    assert "Bert" in status.status.error_message, status.status.error_message
