@@ -31,11 +31,14 @@ from bertserve.client.ranker import ClientOptions, RankerClient
 from bertserve.client.server_process import running_server, write_model_config
 from bertserve.client.tokenization import DEFAULT_MAX_LEN, PairTokenizer
 from bertserve.export.loaders import TRAINING_CONFIG_FILE
+from bertserve.server.config_files import read_prometheus_path
 
 MODEL_NAME = "chitchat"
 TRAIN_STEPS = 120
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVING_BATCHING = os.path.join(REPO_ROOT, "serving_config", "batching_parameters.txt")
+SERVING_MONITORING = os.path.join(REPO_ROOT, "serving_config", "monitoring.config")
+BATCH_SIZE_METRIC = "bertserve_batch_size"
 VARIANTS = ("fused", "stock")
 
 
@@ -101,6 +104,30 @@ def metrics_table(m: pairs.RankingMetrics) -> str:
     ])
 
 
+def batch_size_totals(rest_target: str, prometheus_path: str) -> tuple[float, float]:
+    """(rows, executed batches) so far, from the server's Prometheus endpoint."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://{rest_target}{prometheus_path}", timeout=10).text
+    totals = {"sum": 0.0, "count": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name == BATCH_SIZE_METRIC:
+            for sample in family.samples:
+                kind = sample.name.rsplit("_", 1)[-1]
+                if kind in totals and sample.labels.get("model_name") == MODEL_NAME:
+                    totals[kind] += sample.value
+    return totals["sum"], totals["count"]
+
+
+def batching_summary(before: tuple[float, float], after: tuple[float, float], replies_per_query: int) -> str:
+    rows, batches = after[0] - before[0], after[1] - before[1]
+    if not batches:
+        return "the server recorded no batches during the load test"
+    return (f"server batches during the load test: {batches:.0f} executed, {rows / batches:.1f} rows each on "
+            f"average = {rows / batches / replies_per_query:.2f} queries of {replies_per_query} replies per batch")
+
+
 def _step(n: int, title: str, started: float) -> None:
     print(f"\n=== [{n}/6] {title}  (t+{time.monotonic() - started:.0f}s)", flush=True)
 
@@ -114,17 +141,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--variant", choices=("auto", *VARIANTS), default="auto",
                         help="auto: fused fp32, falling back to stock fp32 if the fused export fails")
     parser.add_argument("--batching_parameters_file", default=SERVING_BATCHING)
+    parser.add_argument("--monitoring_config_file", default=SERVING_MONITORING)
     parser.add_argument("--replies", type=int, default=10, help="load test: replies per query (CPU-sized)")
-    parser.add_argument("--slo_ms", type=float, default=500.0, help="load test: P99 budget (CPU-sized)")
+    parser.add_argument("--slo_ms", type=float, default=250.0, help="load test: P99 budget (CPU-sized)")
     parser.add_argument("--sweep_start", type=float, default=2.0, help="load test: first QPS")
+    parser.add_argument("--sweep_factor", type=float, default=1.6, help="load test: QPS multiplier per step")
     parser.add_argument("--step_seconds", type=float, default=8.0, help="load test: seconds per QPS step")
-    parser.add_argument("--sweep_steps", type=int, default=6)
+    parser.add_argument("--sweep_steps", type=int, default=7)
     args = parser.parse_args(None if argv is None else list(argv))
 
     from bertserve.client.cli import loadtest_main
 
-    if not os.path.isfile(args.batching_parameters_file):
-        raise FileNotFoundError(f"batching parameters file not found: {args.batching_parameters_file}")
+    for path in (args.batching_parameters_file, args.monitoring_config_file):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"serving config file not found: {path}")
     started = time.monotonic()
     workdir = os.path.abspath(args.workdir)
     checkpoint_dir, base = os.path.join(workdir, "checkpoint"), os.path.join(workdir, "models")
@@ -134,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _step(1, f"fine-tuning MiniLM-L6-H384 on {len(pairs.read_pairs(pairs.TRAIN_PAIRS))} shipped training pairs: "
              f"{args.train_steps} steps (at most {args.train_max_seconds:g}s)", started)
-    fine_tune(checkpoint_dir, args.train_steps, args.train_max_seconds)
+    fine_tune(checkpoint_dir, args.train_steps, args.train_max_seconds, progress=sys.stderr.isatty())
     with open(os.path.join(checkpoint_dir, TRAINING_CONFIG_FILE), encoding="utf-8") as f:
         print(f"trained {json.load(f)['step']} steps in {time.monotonic() - started:.0f}s")
 
@@ -144,9 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _step(3, "starting bertserve serve (batching on)", started)
     config = write_model_config(os.path.join(workdir, "models.config"), {MODEL_NAME: os.path.join(base, MODEL_NAME)})
-    print(f"--model_config_file={config} --batching_parameters_file={args.batching_parameters_file}")
+    monitoring = f"--monitoring_config_file={args.monitoring_config_file}"
+    print(f"--model_config_file={config} --batching_parameters_file={args.batching_parameters_file} {monitoring}")
     with running_server(config, [MODEL_NAME], os.path.join(workdir, "serve.log"),
-                        batching_parameters_file=args.batching_parameters_file) as server:
+                        batching_parameters_file=args.batching_parameters_file, extra_flags=[monitoring]) as server:
         print(f"serving on gRPC {server.target}, REST {server.rest_target} (log: {server.log_path})")
         tokenizer = PairTokenizer.from_model_dir(os.path.join(base, MODEL_NAME, "1"))
         with RankerClient(server.target, MODEL_NAME, tokenizer, ClientOptions(timeout_s=30.0)) as client:
@@ -161,12 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         _step(6, f"load test: open-loop QPS sweep, {args.replies} replies/query, P99 SLO {args.slo_ms:g} ms",
               started)
+        prometheus_path = read_prometheus_path(args.monitoring_config_file)
+        before = batch_size_totals(server.rest_target, prometheus_path) if prometheus_path else None
         loadtest_main(["--target", server.target, "--model", MODEL_NAME, "--model_dir",
                        os.path.join(base, MODEL_NAME, "1"), "--sweep", "--replies", str(args.replies),
                        "--slo_ms", str(args.slo_ms), "--duration", str(args.step_seconds),
-                       "--sweep_start", str(args.sweep_start), "--sweep_steps", str(args.sweep_steps),
+                       "--sweep_start", str(args.sweep_start), "--sweep_factor", str(args.sweep_factor),
+                       "--sweep_steps", str(args.sweep_steps),
                        "--timeout", "30",
                        "--out", os.path.join(workdir, "loadtest")])
+        if before is not None:
+            print(batching_summary(before, batch_size_totals(server.rest_target, prometheus_path), args.replies))
         print("stopping the server (SIGTERM) ...", flush=True)
     print(f"server exited with code {server.process.returncode}")
     print(f"\ndemo finished in {time.monotonic() - started:.0f}s; outputs under {workdir}")

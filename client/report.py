@@ -58,7 +58,7 @@ def plot_latency_vs_qps(results: Sequence[RunStats], path: str, title: str, slo_
     ax.set_xlabel("achieved QPS (queries/s)")
     ax.set_ylabel("latency (ms)")
     ax.set_yscale("log")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title.replace("; ", "\n"), fontsize=9)  # the machine label on its own line
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -121,5 +121,6 @@ def trials_table(trials: Sequence[TrialResult], config: SweepConfig, shape: Requ
 
 
 def pick_best(trials: Sequence[TrialResult]) -> TrialResult | None:
+    """Highest offered QPS step within the SLO (achieved QPS is noisy around it); ties go to the lower P99."""
     within = [t for t in trials if t.best is not None]
-    return max(within, key=lambda t: t.best.achieved_qps, default=None)
+    return max(within, key=lambda t: (t.best.load, -t.best.percentile_ms(99)), default=None)

@@ -55,6 +55,7 @@ def test_long_candidate_lists_are_split_and_joined_in_order(served_ranker):
     with _client(served_ranker, max_pairs_per_request=64) as whole:
         expected = whole.score_pairs([(QUERY, r) for r in replies])
     with _client(served_ranker, max_pairs_per_request=8) as split:
+        split.transport.close()
         split.transport = CountingGrpcTransport([served_ranker.server.target])
         got = split.score_pairs([(QUERY, r) for r in replies])
     assert split.transport.calls == 7 and sorted(split.transport.rows) == [2] + [8] * 6
@@ -119,6 +120,7 @@ def test_deadline_exceeded_is_reported(served_ranker):
 def test_unavailable_is_retried_on_the_next_target(served_ranker):
     dead = f"localhost:{free_port()}"
     with _client(served_ranker, targets=[dead, served_ranker.server.target], retry=FAST_RETRY) as client:
+        client.transport.close()
         client.transport = CountingGrpcTransport([dead, served_ranker.server.target])
         results = [client.rank(QUERY, REPLIES[:3]) for _ in range(4)]
     assert all(len(r) == 3 for r in results)
@@ -128,6 +130,7 @@ def test_unavailable_is_retried_on_the_next_target(served_ranker):
 def test_unavailable_is_raised_after_the_last_retry(served_ranker):
     dead = f"localhost:{free_port()}"
     with _client(served_ranker, targets=dead, retry=FAST_RETRY, timeout_s=2.0) as client:
+        client.transport.close()
         client.transport = CountingGrpcTransport([dead])
         with pytest.raises(ServingError) as raised:
             client.rank(QUERY, REPLIES[:2])
