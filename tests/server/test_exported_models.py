@@ -81,4 +81,4 @@ def test_missing_op_library_fails_only_the_fused_model(exported, tmp_path, start
     request.model_spec.name = "fused"
     status = server.models.GetModelStatus(request, timeout=30).model_version_status[0]
     assert status.state == get_model_status_pb2.ModelVersionStatus.END
-    assert "Bert" in status.status.error_message, status.status.error_message
+    assert "Op type not registered 'Bert" in status.status.error_message, status.status.error_message
