@@ -80,9 +80,22 @@ _HELP = {
 }
 
 
+# tensorflow_model_server tuning flags with no counterpart here: accepted (so a deployment's command line keeps
+# working) and reported by a warning. Flags that change security or the API (TLS, sockets, platforms) are not
+# in this list and are refused as unknown.
+TUNING_FLAGS_WITHOUT_EFFECT = (
+    "grpc_channel_arguments", "flush_filesystem_caches", "num_load_threads", "num_unload_threads",
+    "remove_unused_fields_from_bundle_metagraph", "per_process_gpu_memory_fraction", "xla_cpu_compilation_enabled",
+    "enable_per_model_batching_parameters",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertserve serve", allow_abbrev=False,
                                      description="TF-Serving-compatible model server (tensorflow_model_server flags)")
+    for name in TUNING_FLAGS_WITHOUT_EFFECT:
+        parser.add_argument(f"--{name}", nargs="?", const="true", default=None,
+                            help="accepted for tensorflow_model_server compatibility; no effect here")
     for field in dataclasses.fields(ServerOptions):
         flag = f"--{field.name}"
         if field.type == "bool":
@@ -98,9 +111,13 @@ class FlagError(ValueError):
     """A flag combination tensorflow_model_server refuses."""
 
 
-def parse_flags(argv: list[str]) -> ServerOptions:
-    """Parses argv; raises FlagError for combinations TF Serving rejects (it exits non-zero too)."""
-    options = ServerOptions(**vars(build_parser().parse_args(argv)))
+def parse_flags(argv: list[str]) -> tuple[ServerOptions, list[str]]:
+    """Parses argv into options and the tuning flags that were given but have no effect here.
+
+    Raises FlagError for combinations TF Serving rejects (it exits non-zero too)."""
+    values = vars(build_parser().parse_args(argv))
+    ignored = [f"--{name}" for name in TUNING_FLAGS_WITHOUT_EFFECT if values.pop(name) is not None]
+    options = ServerOptions(**values)
     if options.batching_parameters_file and not options.enable_batching:
         raise FlagError("--batching_parameters_file requires --enable_batching (as in tensorflow_model_server)")
     if not options.model_config_file and not options.model_base_path:
@@ -109,4 +126,4 @@ def parse_flags(argv: list[str]) -> ServerOptions:
         raise FlagError("at least one of --port and --rest_api_port must be non-zero")
     if options.rest_api_port and options.rest_api_port == options.port:
         raise FlagError("--rest_api_port must differ from --port")
-    return options
+    return options, ignored

@@ -155,12 +155,14 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
-        options = parse_flags(argv)
+        options, ignored = parse_flags(argv)
     except FlagError as exc:
         log.error("%s", exc)
         return 2
     except SystemExit as exc:  # argparse already printed the usage error
         return int(exc.code or 0)
+    if ignored:
+        log.warning("accepted for tensorflow_model_server compatibility, no effect here: %s", " ".join(ignored))
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

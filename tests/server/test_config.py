@@ -12,11 +12,15 @@ from bertserve.server.config_files import (DEFAULT_PROMETHEUS_PATH, ConfigError,
 from bertserve.server.flags import FlagError, parse_flags
 from bertserve.server import batching_parameters_pb2, monitoring_config_pb2
 
+def parse_flags_only(argv: list[str]):
+    return parse_flags(argv)[0]
+
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_flag_defaults_match_tensorflow_model_server():
-    options = parse_flags(["--model_base_path=/models/x"])
+    options = parse_flags_only(["--model_base_path=/models/x"])
     assert (options.port, options.rest_api_port, options.model_name) == (8500, 0, "default")
     assert options.file_system_poll_wait_seconds == 1 and options.model_config_file_poll_wait_seconds == 0
     assert options.enable_batching is False and options.enable_model_warmup is True
@@ -26,23 +30,32 @@ def test_flag_defaults_match_tensorflow_model_server():
     (["--enable_batching"], True), (["--enable_batching=true"], True), (["--enable_batching=false"], False),
     (["--enable_batching=1"], True), (["--enable_batching=False"], False)])
 def test_boolean_flag_spellings(spelling, expected):
-    assert parse_flags(["--model_base_path=/m", *spelling]).enable_batching is expected
+    assert parse_flags_only(["--model_base_path=/m", *spelling]).enable_batching is expected
 
 
 def test_batching_parameters_file_requires_enable_batching():
     with pytest.raises(FlagError, match="--enable_batching"):
-        parse_flags(["--model_base_path=/m", "--batching_parameters_file=/b.txt"])
-    assert parse_flags(["--model_base_path=/m", "--enable_batching", "--batching_parameters_file=/b.txt"])
+        parse_flags_only(["--model_base_path=/m", "--batching_parameters_file=/b.txt"])
+    assert parse_flags_only(["--model_base_path=/m", "--enable_batching", "--batching_parameters_file=/b.txt"])
 
 
 def test_a_model_source_is_required():
     with pytest.raises(FlagError, match="model_base_path"):
-        parse_flags(["--port=9000"])
+        parse_flags_only(["--port=9000"])
 
 
 def test_unknown_flag_is_refused():
     with pytest.raises(SystemExit):
-        parse_flags(["--model_base_path=/m", "--no_such_flag=1"])
+        parse_flags_only(["--model_base_path=/m", "--no_such_flag=1"])
+    with pytest.raises(SystemExit):  # TLS must not be silently dropped
+        parse_flags_only(["--model_base_path=/m", "--ssl_config_file=/ssl.txt"])
+
+
+def test_tuning_flags_without_effect_are_accepted_and_reported():
+    options, ignored = parse_flags(["--model_base_path=/m", "--num_load_threads=4", "--flush_filesystem_caches",
+                                    "--grpc_channel_arguments=grpc.max_connection_age_ms=2000"])
+    assert options.model_base_path == "/m"
+    assert ignored == ["--grpc_channel_arguments", "--flush_filesystem_caches", "--num_load_threads"]
 
 
 def test_batching_proto_keeps_upstream_field_numbers_and_wrappers():
