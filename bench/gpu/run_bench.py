@@ -228,6 +228,11 @@ def stage_check(res: Results, lib) -> None:
     ids_b, seg_b, lengths_b = (big.integers(1000, cfg["vocab_size"], (512, SEQ)).astype(np.int32),
                                np.zeros((512, SEQ), np.int32), big.integers(1, SEQ + 1, 512).astype(np.int32))
     checks["chitchat_random_batch512_U1_32"] = check_model(lib, cfg, w32, ids_b, seg_b, lengths_b)
+    # A few rows (<= 32 tokens): the few-row GEMM kernel instead of cuBLASLt, partial and full row tiles.
+    for lengths_s in (np.array([1, 9, 15], np.int32), np.array([3, 17, 12], np.int32)):
+        n = int(lengths_s.sum())
+        checks[f"chitchat_random_{n}_tokens"] = check_model(lib, cfg, w32, ids[: len(lengths_s)],
+                                                            seg[: len(lengths_s)], lengths_s)
     # The real MiniLM-L6-H384 (head size 32), carried as fp16, against the project's float64 reference.
     from safetensors.torch import load_file
     with open(os.path.join(CARRY, "minilm_l6_config.json")) as f:
@@ -235,6 +240,8 @@ def stage_check(res: Results, lib) -> None:
     mcfg = {k: mcfg[k] for k in cfg}
     mw = {k: v.float().cuda() for k, v in load_file(os.path.join(CARRY, "minilm_l6_fp16.safetensors")).items()}
     ref = np.load(os.path.join(CARRY, "minilm_l6_reference.npz"))
+    checks["minilm_real_32_tokens"] = check_model(lib, mcfg, mw, ref["input_ids"][:3], ref["segment_ids"][:3],
+                                                  np.array([3, 17, 12], np.int32))
     checks["minilm_real_mixed"] = check_model(lib, mcfg, mw, ref["input_ids"], ref["segment_ids"],
                                               ref["lengths"], float64_ref={"scores": ref["scores"],
                                                                            "hidden": ref["hidden"]})

@@ -1,6 +1,7 @@
 """Small forwards of every kernel variant, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
 fp16 and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the fused attention's three sizes) and 200 (the
-streaming attention), a graph bucket with scratch rows, and the padding ops.
+streaming attention), a batch of 27 tokens (the few-row GEMM), a graph bucket with scratch rows, and the
+padding ops.
 
 Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
 """
@@ -24,8 +25,9 @@ def main(argv: list[str]) -> int:
         cfg = config_dict(config) | {"num_attention_heads": heads}
         w = {k: torch.as_tensor(v).cuda() for k, v in weights_mod.BertWeights.random(config, seed=heads).items()}
         rng = np.random.default_rng(heads)
-        for seq in (32, 64, 128, 200):
-            lengths = np.concatenate([[0, 1, seq], rng.integers(0, seq + 1, 5)]).astype(np.int32)
+        for seq, lengths in ((32, np.array([7, 20], np.int32)), (32, None), (64, None), (128, None), (200, None)):
+            if lengths is None:
+                lengths = np.concatenate([[0, 1, seq], rng.integers(0, seq + 1, 5)]).astype(np.int32)
             ids = torch.as_tensor(rng.integers(0, 1000, (len(lengths), seq)), dtype=torch.int32, device="cuda")
             seg = torch.zeros_like(ids)
             for dtype in (torch.float16, torch.float32):

@@ -24,7 +24,7 @@ mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
 pids=()
 core_objs=()
-for src in gemm elementwise attention encoder ranker_c_api; do
+for src in gemm skinny_gemm elementwise attention encoder ranker_c_api; do
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &
   pids+=($!)
@@ -42,7 +42,8 @@ pids=()
 tf_objs=()
 for src in custom_ops/tf/bert_kernels_gpu.cu.cc custom_ops/tf/bert_op_inputs.cc custom_ops/kernels/validation.cc; do
   obj="$out/$(basename "${src%%.*}")_tf.o"
-  "$cuda/bin/nvcc" -x c++ -O3 -Xcompiler -fPIC "${tf_cflags[@]}" -I"$root" -I"$cublas/include" -c "$root/$src" -o "$obj" &
+  "$cuda/bin/nvcc" -x c++ -O3 -Xcompiler -fPIC -Xcompiler -Wno-deprecated-declarations "${tf_cflags[@]}" \
+    -I"$root" -I"$cublas/include" -c "$root/$src" -o "$obj" &
   pids+=($!)
   tf_objs+=("$obj")
 done
