@@ -124,7 +124,7 @@ def batching_summary(before: tuple[float, float], after: tuple[float, float], re
     rows, batches = after[0] - before[0], after[1] - before[1]
     if not batches:
         return "the server recorded no batches during the load test"
-    return (f"server batches during the load test: {batches:.0f} executed, {rows / batches:.1f} rows each on "
+    return (f"server batches during the load test (warm-up included): {batches:.0f} executed, {rows / batches:.1f} rows each on "
             f"average = {rows / batches / replies_per_query:.2f} queries of {replies_per_query} replies per batch")
 
 
