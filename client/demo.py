@@ -124,8 +124,9 @@ def batching_summary(before: tuple[float, float], after: tuple[float, float], re
     rows, batches = after[0] - before[0], after[1] - before[1]
     if not batches:
         return "the server recorded no batches during the load test"
-    return (f"server batches during the load test (warm-up included): {batches:.0f} executed, {rows / batches:.1f} rows each on "
-            f"average = {rows / batches / replies_per_query:.2f} queries of {replies_per_query} replies per batch")
+    return (f"server batches during the load test (warm-up included): {batches:.0f} executed, "
+            f"{rows / batches:.1f} rows each on average = {rows / batches / replies_per_query:.2f} queries of "
+            f"{replies_per_query} replies per batch")
 
 
 def _step(n: int, title: str, started: float) -> None:
