@@ -39,9 +39,6 @@ class PaddedBatch:
     def as_inputs(self) -> dict[str, np.ndarray]:
         return {"input_ids": self.input_ids, "input_mask": self.input_mask, "segment_ids": self.segment_ids}
 
-    def slice(self, start: int, stop: int) -> "PaddedBatch":
-        return PaddedBatch(self.input_ids[start:stop], self.input_mask[start:stop], self.segment_ids[start:stop])
-
 
 def padded_length(longest: int, max_len: int, mode: PaddingMode,
                   buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
