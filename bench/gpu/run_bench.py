@@ -228,7 +228,7 @@ def stage_check(res: Results, lib) -> None:
     ids_b, seg_b, lengths_b = (big.integers(1000, cfg["vocab_size"], (512, SEQ)).astype(np.int32),
                                np.zeros((512, SEQ), np.int32), big.integers(1, SEQ + 1, 512).astype(np.int32))
     checks["chitchat_random_batch512_U1_32"] = check_model(lib, cfg, w32, ids_b, seg_b, lengths_b)
-    # A few rows (<= 32 tokens): the few-row GEMM kernel instead of cuBLASLt, partial and full row tiles.
+    # A few rows (<= 32 tokens): the batch-of-one regime, cuBLASLt's small-m kernels.
     for lengths_s in (np.array([1, 9, 15], np.int32), np.array([3, 17, 12], np.int32)):
         n = int(lengths_s.sum())
         checks[f"chitchat_random_{n}_tokens"] = check_model(lib, cfg, w32, ids[: len(lengths_s)],

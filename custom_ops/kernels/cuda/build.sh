@@ -24,7 +24,7 @@ mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
 pids=()
 core_objs=()
-for src in gemm skinny_gemm elementwise attention encoder ranker_c_api; do
+for src in gemm elementwise attention encoder ranker_c_api; do
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &
   pids+=($!)

@@ -89,27 +89,6 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// GELU in BERT's erf form, x * Phi(x), with Phi from Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7, below
-// fp16 resolution): one reciprocal, one exp and five FMAs, no branches, where erff costs several times that
-// and the FFN activation is large enough for the arithmetic to show next to its memory traffic.
-__device__ __forceinline__ float GeluErf(float x) {
-  const float z = fabsf(x) * 0.70710678118654752f;
-  const float t = __fdividef(1.f, fmaf(0.3275911f, z, 1.f));
-  const float poly =
-      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
-  const float half_erfc = 0.5f * poly * __expf(-z * z);  // 0.5 * erfc(|x| / sqrt(2))
-  return x * (x >= 0.f ? 1.f - half_erfc : half_erfc);
-}
-
-// d += a (16x16, row-major) * b (16x8, column-major), fp16 inputs, fp32 accumulators.
-__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // Row b of a packed batch that owns packed token t (cu_seqlens[b] <= t < cu_seqlens[b+1]); batch when t lies
 // past the last real token (scratch rows of a CUDA-graph bucket).
 __device__ __forceinline__ int RowOfToken(const int32_t* cu_seqlens, int batch, int t) {

@@ -1,5 +1,5 @@
-// The CUDA backend of bert_core.h: per layer one QKV GEMM (bias in the epilogue), fused attention, output GEMM +
-// (residual + LayerNorm), FFN GEMM + GELU, FFN output GEMM + (residual + LayerNorm). Tokens stay
+// The CUDA backend of bert_core.h: per layer one QKV GEMM (bias in the cuBLASLt epilogue), fused attention,
+// output GEMM + (residual + LayerNorm), FFN GEMM + GELU, FFN output GEMM + (residual + LayerNorm). Tokens stay
 // packed throughout; the launch shapes come from the host-side PackedBatch, so nothing waits on the device.
 #include <cuda_fp16.h>
 
@@ -81,7 +81,8 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBa
   const EncoderBuffers<D> buf(dims, n, workspace);
   D* x = ToDevice(hidden);
   const cudaStream_t s = AsStream(stream);
-  const Epilogue ffn_epilogue = OptionsOf(gemm).gelu_tanh_epilogue ? Epilogue::kBiasGeluTanh : Epilogue::kBiasGeluErf;
+  const bool gelu_in_epilogue = OptionsOf(gemm).gelu_tanh_epilogue;
+  const Epilogue ffn_epilogue = gelu_in_epilogue ? Epilogue::kBiasGeluTanh : Epilogue::kBias;
   auto gemm_bias = [&](const D* in, const T* weight, const T* bias, D* out, int64_t n_out, int64_t k_in,
                        Epilogue epilogue) {
     Gemm<D, D>(gemm, in, ToDevice(weight), ToDevice(bias), out, n, n_out, k_in, epilogue, buf.gemm_workspace, stream);
@@ -96,6 +97,7 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBa
                                ToDevice(w.attention_ln_beta) + l * h, n, h, dims.layer_norm_epsilon, x, s);
     gemm_bias(x, w.intermediate_kernel + l * h * inter, w.intermediate_bias + l * inter, buf.ffn, inter, h,
               ffn_epilogue);
+    if (!gelu_in_epilogue) LaunchGelu<D>(buf.ffn, n * inter, s);
     gemm_bias(buf.ffn, w.output_kernel + l * inter * h, w.output_bias + l * h, buf.dense, h, inter, Epilogue::kBias);
     LaunchResidualLayerNorm<D>(buf.dense, ToDevice(w.output_ln_gamma) + l * h, ToDevice(w.output_ln_beta) + l * h, n,
                                h, dims.layer_norm_epsilon, x, s);

@@ -11,9 +11,6 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
-#include <type_traits>
-
-#include "custom_ops/kernels/cuda/kernels.h"
 
 namespace bertserve {
 namespace cuda {
@@ -210,16 +207,8 @@ Plan MakePlan(GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue ep
 
 template <typename TIn, typename TOut>
 void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,
-          int64_t k, Epilogue requested, void* gemm_workspace, void* stream) {
+          int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream) {
   if (m == 0) return;
-  const bool gelu_erf = requested == Epilogue::kBiasGeluErf;
-  if constexpr (std::is_same_v<TIn, __half> && std::is_same_v<TOut, __half>) {
-    if ((requested == Epilogue::kBias || gelu_erf) &&
-        LaunchSkinnyGemm(x, w, bias, y, m, n, k, gelu_erf, static_cast<cudaStream_t>(stream))) {
-      return;
-    }
-  }
-  const Epilogue epilogue = gelu_erf ? Epilogue::kBias : requested;
   if (epilogue == Epilogue::kNone) bias = nullptr;
   const Operands operands{x, w, bias, y, gemm_workspace, static_cast<cudaStream_t>(stream)};
   std::lock_guard<std::mutex> lock(context->mutex);
@@ -234,7 +223,6 @@ void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOu
   if (epilogue != Epilogue::kNone) SetBias(plan, bias);
   ThrowIfFailed(Run(context->handle, plan, plan.algo, operands),
                 "matmul m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
-  if (gelu_erf) LaunchGelu<TOut>(y, m * n, static_cast<cudaStream_t>(stream));
 }
 
 template void Gemm<__half, __half>(GemmContext*, const __half*, const __half*, const __half*, __half*, int64_t,

@@ -23,9 +23,7 @@ struct GemmOptions {
   bool gelu_tanh_epilogue = false;
 };
 
-// kBiasGeluErf is BERT's GELU: fused in the few-row kernel, else a GELU pass after cuBLASLt's bias epilogue.
-// kBiasGeluTanh is cuBLASLt's GELU epilogue (tanh approximation).
-enum class Epilogue { kNone, kBias, kBiasGeluErf, kBiasGeluTanh };
+enum class Epilogue { kNone, kBias, kBiasGeluTanh };
 
 // Bytes of device scratch one cuBLASLt call may use (the caller's workspace reserves this much).
 constexpr int64_t kGemmWorkspaceBytes = 32ll << 20;
@@ -36,8 +34,7 @@ void DestroyGemmContext(GemmContext* context);
 const GemmOptions& OptionsOf(const GemmContext* context);
 
 // Y = X @ W with the epilogue, all device pointers, enqueued on stream. (TIn, TOut) is (__half, __half),
-// (float, float) or (__half, float); bias is TIn and ignored for Epilogue::kNone. fp16 GEMMs of a few rows
-// (kernels.h LaunchSkinnyGemm) run in our own one-launch kernel, the rest in cuBLASLt. gemm_workspace holds
+// (float, float) or (__half, float); bias is TIn and ignored for Epilogue::kNone. gemm_workspace holds
 // kGemmWorkspaceBytes. Throws std::runtime_error naming the shape when cuBLASLt fails.
 template <typename TIn, typename TOut>
 void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,

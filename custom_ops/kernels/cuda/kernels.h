@@ -8,7 +8,6 @@
 #ifndef BERTSERVE_KERNELS_CUDA_KERNELS_H_
 #define BERTSERVE_KERNELS_CUDA_KERNELS_H_
 
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -35,14 +34,6 @@ void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t 
 // x = GELU(x) (erf form) in place over count elements.
 template <typename T>
 void LaunchGelu(T* x, int64_t count, cudaStream_t stream);
-
-// Rows up to which LaunchSkinnyGemm takes a GEMM.
-constexpr int64_t kSkinnyMaxRows = 32;
-
-// y[m, n] = x[m, k] @ w[k, n] + bias (then erf-GELU when gelu) in one launch, for m <= kSkinnyMaxRows, n % 16 == 0,
-// k % 16 == 0 and a 4-byte aligned x; returns false (nothing launched) for any other shape.
-bool LaunchSkinnyGemm(const __half* x, const __half* w, const __half* bias, __half* y, int64_t m, int64_t n,
-                      int64_t k, bool gelu, cudaStream_t stream);
 
 // Attention of every row over its own real tokens: context[t, h*D:(h+1)*D] from qkv [num_tokens, 3H]
 // (query | key | value blocks, head h at columns h*D of each). max_seqlen bounds every row's length.
