@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def op_sources() -> list[str]:
     """CPU core + TF wrappers; CUDA sources (*.cu.cc) are built separately (see custom_ops/README.md)."""
     patterns = ["custom_ops/kernels/*.cc", "custom_ops/tf/*.cc"]
-    files = sorted(f for p in patterns for f in glob.glob(os.path.join(HERE, p)))
+    files = sorted(os.path.relpath(f, HERE) for p in patterns for f in glob.glob(os.path.join(HERE, p)))
     return [f for f in files if not f.endswith(".cu.cc") and not f.endswith("_test.cc")]
 
 
@@ -52,7 +52,7 @@ class TensorFlowOpBuild(build_ext):
         cmd = [
             os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O3", "-DNDEBUG",
             "-fvisibility=hidden", *tf.sysconfig.get_compile_flags(), *blas_compile, "-I", HERE,
-            *ext.sources, "-o", out, *tf.sysconfig.get_link_flags(), *blas_link,
+            *(os.path.join(HERE, src) for src in ext.sources), "-o", out, *tf.sysconfig.get_link_flags(), *blas_link,
         ]
         print(" ".join(cmd))
         subprocess.check_call(cmd)
