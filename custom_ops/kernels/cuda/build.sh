@@ -36,8 +36,8 @@ cublaslt=$(ls "$cublas"/lib*/libcublasLt.so* | head -1)
   -L"$(dirname "$cublaslt")" -l:"$(basename "$cublaslt")" -Xlinker -rpath -Xlinker "$(dirname "$cublaslt")"
 echo "built $out/libbertserve_cuda.so"
 [[ ${2:-} == --tf ]] || exit 0
-read -r -a tf_cflags <<<"$("$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))')"
-read -r -a tf_lflags <<<"$("$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))')"
+read -r -a tf_cflags <<<"$(TF_CPP_MIN_LOG_LEVEL=3 "$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))')"
+read -r -a tf_lflags <<<"$(TF_CPP_MIN_LOG_LEVEL=3 "$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))')"
 pids=()
 tf_objs=()
 for src in custom_ops/tf/bert_kernels_gpu.cu.cc custom_ops/tf/bert_op_inputs.cc custom_ops/kernels/validation.cc; do
