@@ -52,7 +52,8 @@ void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int
         const int64_t id = input_ids[b * seq + p], segment = segment_ids[b * seq + p];
         T* out = hidden_out + (first + p) * hidden;
         float* out_f = FloatOutput(out, s + 3 * hidden);
-        SumLayerNorm(RowAsFloat(w.word + id * hidden, hidden, s), RowAsFloat(w.position + p * hidden, hidden, s + hidden),
+        SumLayerNorm(RowAsFloat(w.word + id * hidden, hidden, s),
+                     RowAsFloat(w.position + p * hidden, hidden, s + hidden),
                      RowAsFloat(w.token_type + segment * hidden, hidden, s + 2 * hidden), gamma, beta, hidden,
                      w.layer_norm_epsilon, out_f);
         StoreRow(out_f, hidden, out);

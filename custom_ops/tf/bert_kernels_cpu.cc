@@ -1,10 +1,14 @@
 // CPU OpKernels of the fused BERT ops: validate (bert_op_inputs), allocate through TensorFlow, call the CPU core
 // on TensorFlow's intra-op thread pool.
+#include <algorithm>
+#include <functional>
+
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/tf/bert_op_inputs.h"
+#include "tensorflow/core/framework/device_base.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "tensorflow/core/platform/threadpool.h"
 
 namespace bertserve {
 namespace tf {
@@ -22,7 +26,7 @@ cpu::ThreadPool IntraOpPool(OpKernelContext* ctx) {
   cpu::ThreadPool pool;
   pool.num_threads = workers->NumThreads();
   pool.parallel_for = [workers](int64_t n, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
-    workers->ParallelFor(n, cost_per_unit, fn);
+    workers->ParallelFor(n, tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(cost_per_unit), fn);
   };
   return pool;
 }
@@ -37,7 +41,7 @@ class BertEmbeddingOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids = ctx->input(0);
     OP_REQUIRES(ctx, ids.dims() == 2,
-                tensorflow::errors::InvalidArgument("input_ids must be [batch, seq], got ", ids.shape().DebugString()));
+                InvalidArgument("input_ids must be [batch, seq], got ", ids.shape().DebugString()));
     Tensor* cu_seqlens = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ids.dim_size(0) + 1}), &cu_seqlens));
     PackedBatch batch;
@@ -93,8 +97,7 @@ class BertRemovePaddingOp : public OpKernel {
     const Tensor& input = ctx->input(0);
     const Tensor& mask = ctx->input(1);
     OP_REQUIRES(ctx, input.dims() == 3,
-                tensorflow::errors::InvalidArgument("input must be [batch, seq, hidden], got ",
-                                                    input.shape().DebugString()));
+                InvalidArgument("input must be [batch, seq, hidden], got ", input.shape().DebugString()));
     const int64_t b = input.dim_size(0), s = input.dim_size(1), h = input.dim_size(2);
     OP_REQUIRES_OK(ctx, CheckShape("input_mask", mask, {b, s}));
     Tensor* cu_seqlens = nullptr;
@@ -116,20 +119,17 @@ class BertRebuildPaddingOp : public OpKernel {
     const Tensor& input = ctx->input(0);
     const Tensor& mask = ctx->input(1);
     OP_REQUIRES(ctx, input.dims() == 2,
-                tensorflow::errors::InvalidArgument("input must be [tokens, hidden], got ",
-                                                    input.shape().DebugString()));
+                InvalidArgument("input must be [tokens, hidden], got ", input.shape().DebugString()));
     OP_REQUIRES(ctx, mask.dims() == 2,
-                tensorflow::errors::InvalidArgument("input_mask must be [batch, seq], got ",
-                                                    mask.shape().DebugString()));
+                InvalidArgument("input_mask must be [batch, seq], got ", mask.shape().DebugString()));
     const int64_t b = mask.dim_size(0), s = mask.dim_size(1), h = input.dim_size(1);
     Tensor cu_seqlens;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT32, TensorShape({b + 1}), &cu_seqlens));
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromMask(mask, cu_seqlens.flat<int32_t>().data(), &batch));
     OP_REQUIRES(ctx, batch.num_tokens == input.dim_size(0),
-                tensorflow::errors::InvalidArgument("input has ", input.dim_size(0),
-                                                    " packed tokens but input_mask has ", batch.num_tokens,
-                                                    " real positions"));
+                InvalidArgument("input has ", input.dim_size(0), " packed tokens but input_mask has ",
+                                batch.num_tokens, " real positions"));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, s, h}), &output));
     cpu::RebuildPadding(CoreData<T>(input), s, h, batch, CoreData<T>(output));
@@ -144,8 +144,7 @@ class BertGatherFirstTokenOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& input = ctx->input(0);
     OP_REQUIRES(ctx, input.dims() == 2,
-                tensorflow::errors::InvalidArgument("input must be [tokens, hidden], got ",
-                                                    input.shape().DebugString()));
+                InvalidArgument("input must be [tokens, hidden], got ", input.shape().DebugString()));
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), input.dim_size(0), &batch));
     Tensor* output = nullptr;

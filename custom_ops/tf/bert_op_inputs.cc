@@ -7,9 +7,7 @@
 namespace bertserve {
 namespace tf {
 
-using ::tensorflow::Status;
 using ::tensorflow::Tensor;
-using ::tensorflow::errors::InvalidArgument;
 
 namespace {
 
@@ -19,19 +17,21 @@ std::string ShapeString(std::initializer_list<int64_t> dims) {
   return s + "]";
 }
 
-Status FromMessage(const std::string& message) { return message.empty() ? Status() : InvalidArgument(message); }
+absl::Status FromMessage(const std::string& message) {
+  return message.empty() ? absl::OkStatus() : absl::InvalidArgumentError(message);
+}
 
 }  // namespace
 
-Status CheckShape(const char* name, const Tensor& t, std::initializer_list<int64_t> expected) {
+absl::Status CheckShape(const char* name, const Tensor& t, std::initializer_list<int64_t> expected) {
   bool same = t.dims() == static_cast<int>(expected.size());
   int i = 0;
   for (const int64_t d : expected) same = same && t.dim_size(i++) == d;
-  if (same) return Status();
+  if (same) return absl::OkStatus();
   return InvalidArgument(name, " misshapen: got ", t.shape().DebugString(), " but expected ", ShapeString(expected));
 }
 
-Status PackFromMask(const Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* batch) {
+absl::Status PackFromMask(const Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* batch) {
   if (input_mask.dims() != 2) {
     return InvalidArgument("input_mask must be [batch, seq], got ", input_mask.shape().DebugString());
   }
@@ -41,10 +41,10 @@ Status PackFromMask(const Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* 
   batch->num_tokens = cu_seqlens[b];
   batch->max_seqlen = MaxSeqlen(cu_seqlens, b);
   batch->cu_seqlens_host = cu_seqlens;
-  return Status();
+  return absl::OkStatus();
 }
 
-Status PackFromCuSeqlens(const Tensor& cu_seqlens, int64_t num_tokens, PackedBatch* batch) {
+absl::Status PackFromCuSeqlens(const Tensor& cu_seqlens, int64_t num_tokens, PackedBatch* batch) {
   if (cu_seqlens.dims() != 1 || cu_seqlens.dim_size(0) < 1) {
     return InvalidArgument("cu_seqlens must be [batch + 1], got ", cu_seqlens.shape().DebugString());
   }
@@ -55,12 +55,12 @@ Status PackFromCuSeqlens(const Tensor& cu_seqlens, int64_t num_tokens, PackedBat
   batch->num_tokens = num_tokens;
   batch->max_seqlen = MaxSeqlen(data, b);
   batch->cu_seqlens_host = data;
-  return Status();
+  return absl::OkStatus();
 }
 
 template <typename T>
-Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_epsilon, int32_t* cu_seqlens,
-                           PackedBatch* batch, EmbeddingWeights<CoreType<T>>* weights) {
+absl::Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_epsilon, int32_t* cu_seqlens,
+                                 PackedBatch* batch, EmbeddingWeights<CoreType<T>>* weights) {
   const Tensor& ids = ctx->input(0);
   const Tensor& segments = ctx->input(1);
   const Tensor& mask = ctx->input(2);
@@ -104,12 +104,12 @@ Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_ep
   weights->type_vocab_size = token_type.dim_size(0);
   weights->hidden = hidden;
   weights->layer_norm_epsilon = layer_norm_epsilon;
-  return Status();
+  return absl::OkStatus();
 }
 
 template <typename T>
-Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
-                         EncoderDims* dims, EncoderWeights<CoreType<T>>* weights) {
+absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
+                               EncoderDims* dims, EncoderWeights<CoreType<T>>* weights) {
   const Tensor& hidden = ctx->input(0);
   if (hidden.dims() != 2) return InvalidArgument("hidden must be [tokens, hidden], got ", hidden.shape().DebugString());
   const Tensor& qkv_kernel = ctx->input(2);
@@ -152,14 +152,14 @@ Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, fl
   weights->output_bias = CoreData<T>(ctx->input(11));
   weights->output_ln_gamma = CoreData<T>(ctx->input(12));
   weights->output_ln_beta = CoreData<T>(ctx->input(13));
-  return Status();
+  return absl::OkStatus();
 }
 
 #define BERTSERVE_INSTANTIATE(T)                                                                          \
-  template Status ReadEmbeddingInputs<T>(tensorflow::OpKernelContext*, float, int32_t*, PackedBatch*,    \
-                                         EmbeddingWeights<CoreType<T>>*);                                \
-  template Status ReadEncoderInputs<T>(tensorflow::OpKernelContext*, int64_t, float, EncoderDims*,       \
-                                       EncoderWeights<CoreType<T>>*);
+  template absl::Status ReadEmbeddingInputs<T>(tensorflow::OpKernelContext*, float, int32_t*, PackedBatch*, \
+                                               EmbeddingWeights<CoreType<T>>*);                             \
+  template absl::Status ReadEncoderInputs<T>(tensorflow::OpKernelContext*, int64_t, float, EncoderDims*,    \
+                                             EncoderWeights<CoreType<T>>*);
 BERTSERVE_INSTANTIATE(float)
 BERTSERVE_INSTANTIATE(Eigen::half)
 #undef BERTSERVE_INSTANTIATE

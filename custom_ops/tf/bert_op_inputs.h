@@ -6,12 +6,21 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "custom_ops/kernels/bert_core.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace bertserve {
 namespace tf {
+
+// InvalidArgument status whose message concatenates args (strings, numbers), tf.text style: name the input,
+// what came, what was expected.
+template <typename... Args>
+absl::Status InvalidArgument(const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(args...));
+}
 
 // TF element type -> core element type (Eigen::half and fp16 share a layout).
 template <typename T>
@@ -35,25 +44,24 @@ CoreType<T>* CoreData(tensorflow::Tensor* t) {
 }
 
 // `t` (the input called `name`) must have exactly the dims `expected`.
-tensorflow::Status CheckShape(const char* name, const tensorflow::Tensor& t, std::initializer_list<int64_t> expected);
+absl::Status CheckShape(const char* name, const tensorflow::Tensor& t, std::initializer_list<int64_t> expected);
 
 // From a host int32 [B, S] mask: fills cu_seqlens (host, [B + 1]) and describes the packed batch.
-tensorflow::Status PackFromMask(const tensorflow::Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* batch);
+absl::Status PackFromMask(const tensorflow::Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* batch);
 
 // From a host int32 [B + 1] cu_seqlens for `num_tokens` packed rows.
-tensorflow::Status PackFromCuSeqlens(const tensorflow::Tensor& cu_seqlens, int64_t num_tokens, PackedBatch* batch);
+absl::Status PackFromCuSeqlens(const tensorflow::Tensor& cu_seqlens, int64_t num_tokens, PackedBatch* batch);
 
 // Checks BertEmbedding's inputs (shapes, S <= P, mask, ids of real positions: all host memory) and fills the
 // weights view. cu_seqlens (host, [B + 1]) receives the packing.
 template <typename T>
-tensorflow::Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_epsilon,
-                                       int32_t* cu_seqlens, PackedBatch* batch,
-                                       EmbeddingWeights<CoreType<T>>* weights);
+absl::Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_epsilon, int32_t* cu_seqlens,
+                                 PackedBatch* batch, EmbeddingWeights<CoreType<T>>* weights);
 
 // Checks BertEncoder's `hidden` and stacked weights (inputs 0 and 2..13) and fills dims and the weights view.
 template <typename T>
-tensorflow::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
-                                     EncoderDims* dims, EncoderWeights<CoreType<T>>* weights);
+absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
+                               EncoderDims* dims, EncoderWeights<CoreType<T>>* weights);
 
 }  // namespace tf
 }  // namespace bertserve

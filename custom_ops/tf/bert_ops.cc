@@ -1,5 +1,6 @@
 // Registrations of the fused BERT ops: names, inputs, attrs and shape functions. These are a file format
 // (exported SavedModels refer to them); custom_ops/README.md documents them.
+#include "custom_ops/tf/bert_op_inputs.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -7,26 +8,25 @@
 namespace bertserve {
 namespace {
 
-using ::tensorflow::Status;
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 // Input `index` must have `rank`; the error names the input.
-Status Rank(InferenceContext* c, int index, int rank, const char* name, ShapeHandle* out) {
-  Status s = c->WithRank(c->input(index), rank, out);
-  if (!s.ok()) return tensorflow::errors::InvalidArgument(name, " must have rank ", rank, ": ", s.message());
-  return Status();
+absl::Status Rank(InferenceContext* c, int index, int rank, const char* name, ShapeHandle* out) {
+  absl::Status s = c->WithRank(c->input(index), rank, out);
+  if (!s.ok()) return tf::InvalidArgument(name, " must have rank ", rank, ": ", s.message());
+  return absl::OkStatus();
 }
 
 // dim (of the input called `name`) must agree with *known; *known becomes the more specific of the two.
-Status Agree(InferenceContext* c, DimensionHandle dim, const char* name, DimensionHandle* known) {
-  Status s = c->Merge(*known, dim, known);
-  if (!s.ok()) return tensorflow::errors::InvalidArgument(name, " misshapen: ", s.message());
-  return Status();
+absl::Status Agree(InferenceContext* c, DimensionHandle dim, const char* name, DimensionHandle* known) {
+  absl::Status s = c->Merge(*known, dim, known);
+  if (!s.ok()) return tf::InvalidArgument(name, " misshapen: ", s.message());
+  return absl::OkStatus();
 }
 
-Status EmbeddingShape(InferenceContext* c) {
+absl::Status EmbeddingShape(InferenceContext* c) {
   ShapeHandle ids, segments, mask, word, position, token_type, gamma, beta;
   TF_RETURN_IF_ERROR(Rank(c, 0, 2, "input_ids", &ids));
   TF_RETURN_IF_ERROR(Rank(c, 1, 2, "segment_ids", &segments));
@@ -48,7 +48,7 @@ Status EmbeddingShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(Agree(c, c->Dim(beta, 0), "layer_norm_beta", &hidden));
   const DimensionHandle max_positions = c->Dim(position, 0);
   if (c->ValueKnown(seq) && c->ValueKnown(max_positions) && c->Value(seq) > c->Value(max_positions)) {
-    return tensorflow::errors::InvalidArgument("sequence length ", c->Value(seq),
+    return tf::InvalidArgument("sequence length ", c->Value(seq),
                                                " exceeds the max positions of position_embeddings (",
                                                c->Value(max_positions), ")");
   }
@@ -56,10 +56,10 @@ Status EmbeddingShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->Add(batch, 1, &batch_plus_one));
   c->set_output(0, c->Matrix(c->UnknownDim(), hidden));
   c->set_output(1, c->Vector(batch_plus_one));
-  return Status();
+  return absl::OkStatus();
 }
 
-Status EncoderShape(InferenceContext* c) {
+absl::Status EncoderShape(InferenceContext* c) {
   ShapeHandle hidden_in, cu_seqlens;
   TF_RETURN_IF_ERROR(Rank(c, 0, 2, "hidden", &hidden_in));
   TF_RETURN_IF_ERROR(Rank(c, 1, 1, "cu_seqlens", &cu_seqlens));
@@ -101,14 +101,14 @@ Status EncoderShape(InferenceContext* c) {
   int64_t num_heads = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("num_heads", &num_heads));
   if (c->ValueKnown(hidden) && c->Value(hidden) % num_heads != 0) {
-    return tensorflow::errors::InvalidArgument("hidden size ", c->Value(hidden), " is not divisible by num_heads ",
+    return tf::InvalidArgument("hidden size ", c->Value(hidden), " is not divisible by num_heads ",
                                                num_heads);
   }
   c->set_output(0, c->Matrix(tokens, hidden));
-  return Status();
+  return absl::OkStatus();
 }
 
-Status RemovePaddingShape(InferenceContext* c) {
+absl::Status RemovePaddingShape(InferenceContext* c) {
   ShapeHandle input, mask;
   TF_RETURN_IF_ERROR(Rank(c, 0, 3, "input", &input));
   TF_RETURN_IF_ERROR(Rank(c, 1, 2, "input_mask", &mask));
@@ -119,25 +119,25 @@ Status RemovePaddingShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->Add(batch, 1, &batch_plus_one));
   c->set_output(0, c->Matrix(c->UnknownDim(), c->Dim(input, 2)));
   c->set_output(1, c->Vector(batch_plus_one));
-  return Status();
+  return absl::OkStatus();
 }
 
-Status RebuildPaddingShape(InferenceContext* c) {
+absl::Status RebuildPaddingShape(InferenceContext* c) {
   ShapeHandle input, mask;
   TF_RETURN_IF_ERROR(Rank(c, 0, 2, "input", &input));
   TF_RETURN_IF_ERROR(Rank(c, 1, 2, "input_mask", &mask));
   c->set_output(0, c->MakeShape({c->Dim(mask, 0), c->Dim(mask, 1), c->Dim(input, 1)}));
-  return Status();
+  return absl::OkStatus();
 }
 
-Status GatherFirstTokenShape(InferenceContext* c) {
+absl::Status GatherFirstTokenShape(InferenceContext* c) {
   ShapeHandle input, cu_seqlens;
   TF_RETURN_IF_ERROR(Rank(c, 0, 2, "input", &input));
   TF_RETURN_IF_ERROR(Rank(c, 1, 1, "cu_seqlens", &cu_seqlens));
   DimensionHandle batch;
   TF_RETURN_IF_ERROR(c->Subtract(c->Dim(cu_seqlens, 0), 1, &batch));
   c->set_output(0, c->Matrix(batch, c->Dim(input, 1)));
-  return Status();
+  return absl::OkStatus();
 }
 
 }  // namespace
