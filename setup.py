@@ -29,8 +29,8 @@ def blas_flags() -> tuple[list[str], list[str]]:
     find it wherever the wheel is installed. The Bazel build uses the same flags (see custom_ops/README.md)."""
     try:
         import scipy_openblas32
-    except ImportError as e:
-        raise SystemExit("building the ops needs OpenBLAS: pip install scipy-openblas32") from e
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError("building the ops needs OpenBLAS: pip install scipy-openblas32") from e
     lib_dir = scipy_openblas32.get_lib_dir()
     compile_flags = ["-I", scipy_openblas32.get_include_dir(), "-DBLAS_SYMBOL_PREFIX=scipy_"]
     link_flags = ["-L", lib_dir, f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{lib_dir}"]
@@ -46,7 +46,14 @@ class TensorFlowOpBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         import tensorflow as tf  # needs --no-build-isolation: the op is built against the installed TF
 
-        blas_compile, blas_link = blas_flags()
+        try:
+            blas_compile, blas_link = blas_flags()
+        except ModuleNotFoundError:
+            if not self.editable_mode:
+                raise
+            # `pip install -e .` builds before it installs the dependencies; `make ops` builds the library after.
+            print("scipy-openblas32 is not installed yet: skipping the op library (build it with `make ops`)")
+            return
         out = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         cmd = [
