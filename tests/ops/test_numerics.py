@@ -107,3 +107,13 @@ def test_minilm_matches_huggingface_on_pytorch(minilm_weights):
                          token_type_ids=torch.tensor(segments, dtype=torch.long)).last_hidden_state.numpy()
     for b, n in enumerate(lengths):
         assert_close(hidden[cu_seqlens[b]:cu_seqlens[b + 1]], expected[b, :n].astype(np.float64), FP32_TOLERANCE)
+
+
+@pytest.mark.parametrize("batch,seq", [(0, 6), (3, 0)], ids=["empty_batch", "zero_length"])
+def test_degenerate_shapes(batch, seq):
+    weights = BertWeights.random(small_config(), seed=14)
+    ids, mask, segments = random_batch(np.random.default_rng(15), [0] * batch, seq, weights.config)
+    hidden, cu_seqlens, first = run_fused(weights, ids, mask, segments)
+    assert hidden.shape == (0, weights.config.hidden_size)
+    np.testing.assert_array_equal(cu_seqlens, np.zeros(batch + 1))
+    np.testing.assert_array_equal(first, np.zeros((batch, weights.config.hidden_size)))
