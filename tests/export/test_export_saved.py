@@ -1,4 +1,4 @@
-"""SavedModel layout: TF Serving's version folders, warmup records, tokenizer assets, ONNX beside them."""
+"""SavedModel layout: TF Serving's version folders, warmup records, tokenizer assets."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from bertserve.export import graph, onnx_export, reference, saved, validate
+from bertserve.export import graph, saved, validate
 
 from export_testing import TINY_CONFIG, VARIANTS, padded_inputs
 
@@ -106,14 +106,3 @@ def test_version_rules(tmp_path, tiny_weights, tiny_vocab):
     with pytest.raises(FileExistsError, match="already exists"):
         saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
 
-
-def test_onnx_agrees_with_reference_and_ignores_padding(tmp_path, tiny_weights):
-    path = onnx_export.export_onnx(tiny_weights, onnx_export.onnx_path(str(tmp_path), "tiny", 1))
-    assert path == os.path.join(str(tmp_path), "tiny", "onnx", "1", "model.onnx")
-    ranker = onnx_export.OnnxRanker(path)
-    lengths = [12, 1, 6, 9, 0]
-    inputs = padded_inputs(lengths, seq=12, config=TINY_CONFIG)
-    scores = ranker.scores(**inputs)
-    assert np.max(np.abs(scores - reference.scores(tiny_weights, **inputs))) <= 1e-5
-    padded = ranker.scores(**padded_inputs(lengths, seq=33, config=TINY_CONFIG, garbage_padding=True))
-    assert np.max(np.abs(padded - scores)) <= 1e-6
