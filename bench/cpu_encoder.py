@@ -61,35 +61,6 @@ def tf_engine(weights, variant: str) -> Engine:
         "scores"].numpy()
 
 
-def stock_onnx(weights, path: str) -> str:
-    """The stock TF graph (export.stock) through tf2onnx, with the weights fed as graph inputs during conversion
-    and made initializers afterwards. export.onnx_export converts the frozen graph instead, which at this model
-    size needs more memory than this machine has (tf2onnx peaks above 11 GB for two layers)."""
-    import onnx
-    import tensorflow as tf
-    import tf2onnx
-    from onnx import numpy_helper
-
-    from bertserve.export import stock
-    from bertserve.export.signature import INPUT_SIGNATURE, OUTPUT_NAME
-
-    names = [name for name, _ in weights.items()]
-    specs = INPUT_SIGNATURE + [tf.TensorSpec(weights[n].shape, tf.float32, name=n) for n in names]
-
-    @tf.function(input_signature=specs)
-    def serve(input_ids, input_mask, segment_ids, *arrays):
-        scores = stock.ranker_scores(dict(zip(names, arrays)), weights.config, input_ids, input_mask, segment_ids)
-        return {OUTPUT_NAME: scores}
-
-    model, _ = tf2onnx.convert.from_function(serve, input_signature=specs, opset=17)
-    kept = [i for i in model.graph.input if i.name not in names]
-    del model.graph.input[:]
-    model.graph.input.extend(kept)
-    model.graph.initializer.extend(numpy_helper.from_array(weights[n], n) for n in names)
-    onnx.save(model, path)
-    return path
-
-
 def hf_onnx(weights, path: str) -> str:
     """The same weights as a Hugging Face BertForSequenceClassification (eager attention) exported by
     torch.onnx: the graph onnxruntime.transformers' BERT optimizer is written for, so it fuses embedding +
@@ -167,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
     import tensorflow as tf
 
+    from bertserve.export.onnx_export import export_onnx
     from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
 
     weights = BertWeights.random(CHITCHAT_CONFIG, seed=0)
@@ -175,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as workdir:
         ort_fusions = {}
         engines["ort_tf2onnx"], ort_fusions["ort_tf2onnx"] = ort_engine(
-            weights, stock_onnx(weights, os.path.join(workdir, "stock.onnx")), threads, hf_inputs=False)
+            weights, export_onnx(weights, os.path.join(workdir, "stock.onnx")), threads, hf_inputs=False)
         engines["ort_hf_fused"], ort_fusions["ort_hf_fused"] = ort_engine(
             weights, hf_onnx(weights, os.path.join(workdir, "hf.onnx")), threads, hf_inputs=True)
 
@@ -210,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         "engines": {
             "fused": "bertserve fused ops (export.graph variant fused fp32): padding-free",
             "stock_tf": "export.graph variant stock fp32: standard TF ops, padded, masked",
-            "ort_tf2onnx": "the stock TF graph via tf2onnx + onnxruntime.transformers optimizer (model_type bert)",
+            "ort_tf2onnx": "the stock TF graph via tf2onnx (export.onnx_export, what `bertserve export --onnx` writes) "
+                           "+ onnxruntime.transformers optimizer (model_type bert)",
             "ort_hf_fused": "same weights as Hugging Face BERT via torch.onnx + the same optimizer (fully fused)",
         },
         "timing": "round-robin one call per engine; seq_per_s = batch / median call time, seq_per_s_best = batch / "
