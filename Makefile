@@ -9,8 +9,9 @@ OP_SRCS := $(wildcard custom_ops/kernels/*.cc custom_ops/kernels/*.h custom_ops/
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBS := bazel-bootstrap bazel-platforms
 BUILD_DEPS := tensorflow==2.21.0 scipy-openblas32==0.3.34.481.3
+GPU_BUILD_DEPS := nvidia-cublas==13.10.0.20
 
-.PHONY: setup debs ops bazel test demo clean
+.PHONY: setup debs ops gpu-ops bazel test demo clean
 
 setup: $(VENV)/.installed $(OP_LIB)
 
@@ -35,6 +36,12 @@ ops: $(OP_LIB)
 $(OP_LIB): $(OP_SRCS) setup.py | $(VENV)/.installed
 	$(PY) setup.py -q build_ext --inplace
 
+# TF GPU kernels (CUDA 13 nvcc, cuBLASLt from PyPI): loaded with the ops when present; not part of CI.
+gpu-ops: setup
+	$(PIP) install -q $(GPU_BUILD_DEPS)
+	PYTHON=$(PY) custom_ops/kernels/cuda/build.sh build/cuda --tf
+	cp build/cuda/_bert_ops_gpu.so custom_ops/
+
 bazel: setup
 	./configure.sh
 	bazel build //custom_ops:all
@@ -46,4 +53,4 @@ demo: setup
 	$(PY) -m bertserve.client.demo
 
 clean:
-	rm -rf $(VENV) build *.egg-info $(OP_LIB)
+	rm -rf $(VENV) build *.egg-info $(OP_LIB) custom_ops/_bert_ops_gpu.so

@@ -14,6 +14,8 @@ import warnings
 
 LIBRARY_ENV = "BERTSERVE_OPS_LIBRARY"
 LIBRARY_FILE = "_bert_ops.so"
+# The TF GPU kernels of the same ops (`make gpu-ops`); optional, loaded after the ops are registered.
+GPU_LIBRARY_FILE = "_bert_ops_gpu.so"
 # The TensorFlow minor version the library is built against (pyproject.toml pins it); the C++ ABI of custom ops
 # is only stable within one TensorFlow release.
 SUPPORTED_TF_VERSION = "2.21"
@@ -34,7 +36,8 @@ def library_path() -> str:
 
 @functools.cache
 def load_op_library() -> types.ModuleType:
-    """Loads (once) and returns the op library; raises FileNotFoundError naming the path and how to build it."""
+    """Loads (once) and returns the op library, plus the GPU kernels beside it when built; raises
+    FileNotFoundError naming the path and how to build it."""
     import tensorflow as tf
 
     path = library_path()
@@ -44,7 +47,11 @@ def load_op_library() -> types.ModuleType:
     if not tf.__version__.startswith(SUPPORTED_TF_VERSION + "."):
         warnings.warn(f"bertserve ops are built for TensorFlow {SUPPORTED_TF_VERSION}.x but TensorFlow "
                       f"{tf.__version__} is running; rebuild them against it if loading fails", stacklevel=2)
-    return tf.load_op_library(path)
+    library = tf.load_op_library(path)
+    gpu_kernels = os.path.join(os.path.dirname(path), GPU_LIBRARY_FILE)
+    if os.path.exists(gpu_kernels):
+        tf.load_op_library(gpu_kernels)
+    return library
 
 
 def bert_embedding(input_ids, segment_ids, input_mask, word_embeddings, position_embeddings, token_type_embeddings,
