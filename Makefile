@@ -43,7 +43,7 @@ gpu-ops: setup
 	cp build/cuda/_bert_ops_gpu.so custom_ops/
 
 bazel: setup
-	./configure.sh
+	PYTHON=$(PY) ./configure.sh
 	bazel build //custom_ops:all
 
 test: setup bazel

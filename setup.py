@@ -20,7 +20,7 @@ def op_sources() -> list[str]:
     """CPU core + TF wrappers; CUDA sources (*.cu.cc) are built separately (see custom_ops/README.md)."""
     patterns = ["custom_ops/kernels/*.cc", "custom_ops/tf/*.cc"]
     files = sorted(os.path.relpath(f, HERE) for p in patterns for f in glob.glob(os.path.join(HERE, p)))
-    return [f for f in files if not f.endswith(".cu.cc") and not f.endswith("_test.cc")]
+    return [f for f in files if not f.endswith(".cu.cc") and not f.endswith("_test.cc") and "_gpu" not in f]
 
 
 def blas_flags() -> tuple[list[str], list[str]]:
