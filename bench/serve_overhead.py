@@ -239,7 +239,7 @@ def batcher_choice(base: str, quick: bool) -> dict:
                               num_batch_threads=1)
     metrics = ServerMetrics(32)
     scheduler = BatchScheduler(1, "bench")
-    queue = scheduler.add_queue(options, signature.run, "tiny", "serving_default", metrics)
+    queue = scheduler.add_queue(options, signature.run, signature.tensor_names, "tiny", "serving_default", metrics)
     python_rps = drive(lambda: wait_for(queue.submit(one_row, 1, None), None))
     scheduler.stop()
     samples = {sample.name: sample.value for family in metrics.registry.collect() for sample in family.samples

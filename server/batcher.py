@@ -2,13 +2,15 @@
 
 One scheduler owns `num_batch_threads` threads shared by every queue (one queue per model version and signature,
 as TF Serving keeps one per servable signature). A queue holds batches in arrival order; only the last one is open.
-A request joins the open batch if it fits (size and trailing shape), else opens a new batch, and is refused
-UNAVAILABLE when that would exceed `max_enqueued_batches`. A batch runs when a thread is free and it is full,
-closed by a newer batch, or its first request has waited `batch_timeout_micros`. Requests whose deadline passed
-while queued are answered DEADLINE_EXCEEDED and left out. Every request was validated before it got here, so a
-batch never fails because of one bad request. Unlike TF Serving, requests whose trailing shapes differ (with
-padding off) are never merged into one failing batch: a differing request closes the open batch and starts the
-next one.
+A request joins the open batch if it has room, else opens a new batch, and is refused UNAVAILABLE when that
+would exceed `max_enqueued_batches`. A batch runs when a thread is free and it is full, closed by a newer batch,
+or its first request has waited `batch_timeout_micros`. Requests whose deadline passed while queued are answered
+DEADLINE_EXCEEDED and left out. Every request was validated before it got here, so a batch never fails because
+of one bad request. With pad_variable_length_inputs off, a request whose trailing shapes (sequence length) differ
+from the open batch it would join is answered FAILED_PRECONDITION with TF Serving's message, as TF Serving fails
+such a merged batch; here only the newcomer fails and the batch runs for the others. A request that opens a
+batch of its own (empty queue, or no room left in the open batch) runs whatever its shape, since TF Serving only
+fails a merge.
 
 Why a Python queue feeding the signature's concrete function rather than TensorFlow's BatchFunction kernel:
 bench/serve_overhead.py ("batcher_choice") drives both with 32 Python threads (as the gRPC handler threads drive
@@ -24,13 +26,14 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Protocol
+from typing import Callable, Mapping, Protocol
 
 import grpc
 import numpy as np
 
 from bertserve.server.config_files import BatchingOptions
-from bertserve.server.errors import ServingError, deadline_exceeded, from_exception, invalid_argument, unavailable
+from bertserve.server.errors import (ServingError, deadline_exceeded, failed_precondition, from_exception,
+                                     invalid_argument, unavailable)
 
 log = logging.getLogger("bertserve.server")
 
@@ -48,10 +51,10 @@ class BatchObserver(Protocol):
 class Task:
     """One request (or one piece of a split request) waiting for its rows of a batch's outputs."""
 
-    __slots__ = ("inputs", "size", "deadline", "enqueued_at", "shape_key", "done", "outputs", "error", "abandoned")
+    __slots__ = ("inputs", "size", "deadline", "enqueued_at", "done", "outputs", "error", "abandoned")
 
-    def __init__(self, inputs: Tensors, size: int, deadline: float | None, shape_key: tuple):
-        self.inputs, self.size, self.deadline, self.shape_key = inputs, size, deadline, shape_key
+    def __init__(self, inputs: Tensors, size: int, deadline: float | None):
+        self.inputs, self.size, self.deadline = inputs, size, deadline
         self.enqueued_at = time.monotonic()
         self.done = threading.Event()
         self.outputs: Tensors | None = None
@@ -90,9 +93,9 @@ class BatchScheduler:
         for thread in self._threads:
             thread.start()
 
-    def add_queue(self, options: BatchingOptions, run: Callable[[Tensors], Tensors], model: str, signature: str,
-                  observer: BatchObserver) -> "BatchingQueue":
-        queue = BatchingQueue(self, options, run, model, signature, observer)
+    def add_queue(self, options: BatchingOptions, run: Callable[[Tensors], Tensors], tensor_names: Mapping[str, str],
+                  model: str, signature: str, observer: BatchObserver) -> "BatchingQueue":
+        queue = BatchingQueue(self, options, run, tensor_names, model, signature, observer)
         with self.condition:
             self._queues.append(queue)
         return queue
@@ -143,11 +146,15 @@ class BatchScheduler:
 
 
 class BatchingQueue:
-    """The batching queue of one servable signature."""
+    """The batching queue of one servable signature.
+
+    `tensor_names` maps each input alias to its graph tensor name (the SignatureDef's TensorInfo.name), the name
+    TF Serving's shape-mismatch error gives.
+    """
 
     def __init__(self, scheduler: BatchScheduler, options: BatchingOptions, run: Callable[[Tensors], Tensors],
-                 model: str, signature: str, observer: BatchObserver):
-        self.scheduler, self.options, self._run = scheduler, options, run
+                 tensor_names: Mapping[str, str], model: str, signature: str, observer: BatchObserver):
+        self.scheduler, self.options, self._run, self._tensor_names = scheduler, options, run, tensor_names
         self.model, self.signature, self._observer = model, signature, observer
         self.batches: collections.deque[_Batch] = collections.deque()
         self.closing = False
@@ -168,7 +175,12 @@ class BatchingQueue:
             if self.closing:
                 raise unavailable(f"servable {self.model} is unloading; retry")
             open_batch = self.batches[-1] if self.batches else None
-            room = limit - open_batch.size if open_batch is not None and open_batch.shape_key == key else 0
+            room = limit - open_batch.size if open_batch is not None else 0
+            joins = room > 0 if options.enable_large_batch_splitting else size <= room
+            if joins and open_batch.shape_key != key:
+                if not options.pad_variable_length_inputs:
+                    raise self._shape_mismatch(inputs, open_batch)
+                room = 0  # padding on, ranks differ: padding cannot merge them, so start a new batch
             if options.enable_large_batch_splitting:
                 first = min(room, size)
                 pieces = ([first] if first else []) + _chunks(size - first, limit)
@@ -180,7 +192,7 @@ class BatchingQueue:
             tasks, start = [], 0
             for piece in pieces:
                 sliced = inputs if len(pieces) == 1 else {n: a[start:start + piece] for n, a in inputs.items()}
-                task = Task(sliced, piece, deadline, key)
+                task = Task(sliced, piece, deadline)
                 start += piece
                 if not self.batches or self.batches[-1].shape_key != key or self.batches[-1].size + piece > limit:
                     self.batches.append(_Batch(key))
@@ -188,6 +200,17 @@ class BatchingQueue:
                 tasks.append(task)
             self.scheduler.condition.notify_all()
         return tasks
+
+    def _shape_mismatch(self, inputs: Tensors, batch: _Batch) -> ServingError:
+        """TF Serving's merge error (BatchingSession::MergeInputTensors), plus the shapes that differ."""
+        joined = batch.tasks[0].inputs
+        name = next(n for n in sorted(inputs) if inputs[n].shape[1:] != joined[n].shape[1:])
+        return failed_precondition(
+            f"Tensors with name '{self._tensor_names.get(name, name)}' from different tasks have different shapes "
+            f"and padding is turned off. Set pad_variable_length_inputs to true, or ensure that all tensors with the "
+            f"same name have equal dimensions starting with the first dim. Input '{name}' of this request has "
+            f"shape {list(inputs[name].shape)}; the batch it would join has shape "
+            f"{[batch.size, *joined[name].shape[1:]]}.")
 
     def process(self, batch: _Batch) -> None:
         now = time.monotonic()

@@ -197,7 +197,8 @@ class ModelManager:
     def _make_queues(self, name: str, servable: LoadedVersion) -> dict[str, BatchingQueue]:
         if self._scheduler is None:
             return {}
-        return {key: self._scheduler.add_queue(self.options.batching, signature.run, name, key, self.metrics)
+        return {key: self._scheduler.add_queue(self.options.batching, signature.run, signature.tensor_names, name, key,
+                                               self.metrics)
                 for key, signature in servable.signatures.items()}
 
     def _unload(self, name: str, record: VersionRecord) -> None:

@@ -96,6 +96,7 @@ class Signature:
         self.key, self.signature_def, self.function, self.limits = key, signature_def, function, limits
         self.inputs = dict(signature_def.inputs)
         self.outputs = dict(signature_def.outputs)
+        self.tensor_names = {alias: info.name for alias, info in self.inputs.items()}
 
     def validate(self, inputs: dict[str, np.ndarray], output_filter: list[str]) -> int:
         """Checks names, dtypes, shapes and id ranges; returns the batch size. Raises ServingError."""

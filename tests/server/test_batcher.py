@@ -40,14 +40,14 @@ class RecordingRun:
 
 
 @pytest.fixture
-def make_queue():
+def make_queue(signature):
     schedulers = []
 
     def make(run, **fields):
         options = BatchingOptions(**{"num_batch_threads": 1, **fields})
         scheduler = BatchScheduler(options.num_batch_threads, "test_batch_threads")
         schedulers.append(scheduler)
-        return scheduler.add_queue(options, run, "tiny", "serving_default", ServerMetrics())
+        return scheduler.add_queue(options, run, signature.tensor_names, "tiny", "serving_default", ServerMetrics())
 
     yield make
     for scheduler in schedulers:
@@ -103,14 +103,45 @@ def test_pad_variable_length_inputs_pads_with_the_first_element(signature, make_
     np.testing.assert_allclose(long_scores, signature.run(long)["scores"], atol=1e-5)
 
 
-def test_different_lengths_without_padding_run_apart_and_both_succeed(signature, make_queue):
+@pytest.mark.parametrize("splitting", [False, True])
+def test_request_of_another_length_fails_alone_and_the_batch_it_met_runs(signature, make_queue, splitting):
+    """TF Serving fails a merge of different trailing shapes; here only the request that would merge fails."""
     run = RecordingRun(signature)
-    queue = make_queue(run, max_batch_size=8, batch_timeout_micros=100_000)
-    short, long = token_inputs(2, 6, seed=1), token_inputs(2, 8, seed=2)
-    pending = _submit_all(queue, [short, long])
-    np.testing.assert_allclose(wait_for(pending[0], None)["scores"], signature.run(short)["scores"], atol=1e-5)
-    np.testing.assert_allclose(wait_for(pending[1], None)["scores"], signature.run(long)["scores"], atol=1e-5)
-    assert sorted(b["input_ids"].shape[1] for b in run.batches) == [6, 8]
+    queue = make_queue(run, max_batch_size=8, batch_timeout_micros=200_000,
+                       enable_large_batch_splitting=splitting, max_execution_batch_size=4)
+    short, long = token_inputs(2, 6, seed=1), token_inputs(3, 8, seed=2)
+    pending = queue.submit(short, 2, None)
+    with pytest.raises(ServingError) as info:
+        queue.submit(long, 3, None)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert info.value.message.startswith(
+        "Tensors with name 'serving_default_input_ids:0' from different tasks have different shapes and padding is "
+        "turned off. Set pad_variable_length_inputs to true, or ensure that all tensors with the same name have "
+        "equal dimensions starting with the first dim.")
+    assert "Input 'input_ids' of this request has shape [3, 8]; the batch it would join has shape [2, 6]" in (
+        info.value.message)
+    np.testing.assert_allclose(wait_for(pending, None)["scores"], signature.run(short)["scores"], atol=1e-5)
+    assert [b["input_ids"].shape for b in run.batches] == [(2, 6)]
+
+
+def test_request_of_another_length_that_meets_no_open_batch_runs(signature, make_queue):
+    """A full open batch or an empty queue: the request starts its own batch, as in TF Serving, and succeeds."""
+    run = RecordingRun(signature, gated=True)
+    queue = make_queue(run, max_batch_size=2, max_enqueued_batches=4)
+    running, full, newcomer, mismatched = (token_inputs(2, 8, seed=1), token_inputs(2, 6, seed=2),
+                                           token_inputs(1, 8, seed=3), token_inputs(1, 6, seed=4))
+    pending = [queue.submit(running, 2, None)]
+    assert run.entered.wait(10)  # the only batch thread is busy: what follows stays queued
+    pending += [queue.submit(full, 2, None), queue.submit(newcomer, 1, None)]
+    with pytest.raises(ServingError) as info:  # the open batch (seq 8) has room for it
+        queue.submit(mismatched, 1, None)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "[1, 6]" in info.value.message
+    run.gate.set()
+    for tasks, inputs in zip(pending, (running, full, newcomer)):
+        np.testing.assert_allclose(wait_for(tasks, None)["scores"], signature.run(inputs)["scores"], atol=1e-5)
+    assert [b["input_ids"].shape for b in run.batches] == [(2, 8), (2, 6), (1, 8)]
+    np.testing.assert_allclose(wait_for(queue.submit(mismatched, 1, None), None)["scores"],  # queue empty now
+                               signature.run(mismatched)["scores"], atol=1e-5)
 
 
 def test_full_queue_refuses_with_unavailable_and_queued_requests_still_run(signature, make_queue):
