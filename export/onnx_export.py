@@ -10,7 +10,7 @@ dropped by the converter; onnxruntime's Gather still rejects out-of-range ids.
 The weights reach tf2onnx as graph inputs, not as the frozen graph's constants, and become the model's
 initializers afterwards. tf2onnx deep-copies its whole graph, constants included, before each of its optimizer
 passes, and those copies pile up: converting the frozen graph of one chit-chat-sized layer (hidden 768, FFN
-3072) peaked at 7.2 GiB, so six layers did not fit in 23 GB. Per-layer arrays are split into one initializer per
+3072) peaked at 6.6 GiB, so six layers did not fit in 23 GB. Per-layer arrays are split into one initializer per
 layer, so the graph reads each directly where the frozen graph would have folded a slice of the stacked array.
 """
 
