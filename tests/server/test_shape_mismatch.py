@@ -18,8 +18,8 @@ import requests
 from tiny_models import direct_scores, predict_request, tensor, token_inputs
 
 METRICS_PATH = "/monitoring/prometheus/metrics"
-BATCH_TIMEOUT_S = 1.0  # the first request's batch stays open this long, so a request sent after it surely meets it
-MEET_DELAY_S = 0.3  # sent this long after the first request: it has reached the queue, its batch is still open
+BATCH_TIMEOUT_S = 2.0  # the first request's batch stays open this long, so a request sent after it surely meets it
+MEET_DELAY_S = 0.5  # sent this long after the first request: it has reached the queue, its batch is still open
 TF_SERVING_MESSAGE = ("Tensors with name 'serving_default_input_ids:0' from different tasks have different shapes and "
                       "padding is turned off. Set pad_variable_length_inputs to true, or ensure that all tensors with "
                       "the same name have equal dimensions starting with the first dim.")
