@@ -8,7 +8,7 @@ OP_LIB := custom_ops/_bert_ops.so
 OP_SRCS := $(wildcard custom_ops/kernels/*.cc custom_ops/kernels/*.h custom_ops/tf/*.cc custom_ops/tf/*.h)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBS := bazel-bootstrap bazel-platforms
-BUILD_DEPS := tensorflow==2.21.0 scipy-openblas32==0.3.34.481.3
+BUILD_DEPS := tensorflow==2.21.0 mkl==2026.2.0 mkl-include==2026.2.0
 GPU_BUILD_DEPS := nvidia-cublas==13.10.0.20
 
 .PHONY: setup debs ops gpu-ops bazel test demo clean

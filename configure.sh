@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Points the Bazel build at the pip wheels it compiles against (TensorFlow, scipy-openblas32) and at the offline
+# Points the Bazel build at the pip wheels it compiles against (TensorFlow, mkl + mkl-include) and at the offline
 # repository stand-ins; writes .bazelrc.generated (git-ignored, read by .bazelrc). Non-interactive; run it again
 # after changing the interpreter or either wheel.
 #
@@ -32,22 +32,30 @@ stderr_log="$(mktemp)"
 trap 'rm -f "$stderr_log"' EXIT
 wheel_config="$(TF_CPP_MIN_LOG_LEVEL=3 "$python_bin" - 2>"$stderr_log" <<'PY'
 import os
-import re
 import sys
+from importlib import metadata
 
 try:
     import tensorflow as tf
 except ImportError as e:
     sys.exit(f"cannot import tensorflow ({e}): pip install tensorflow, or set PYTHON=/path/to/python")
-try:
-    import scipy_openblas32
-except ImportError as e:
-    sys.exit(f"cannot import scipy_openblas32 ({e}): pip install scipy-openblas32, or set PYTHON=/path/to/python")
 
 
-def emit(prefix, header_dir, library, copts, linkopts, version):
+def wheel_file(distribution, name):
+    try:
+        files = metadata.distribution(distribution).files or []
+    except metadata.PackageNotFoundError:
+        sys.exit(f"no {distribution} wheel: pip install {distribution}, or set PYTHON=/path/to/python")
+    for file in files:
+        if file.name == name:
+            return str(file.locate().resolve())
+    sys.exit(f"the {distribution} wheel has no {name}: reinstall it")
+
+
+def emit(prefix, header_dir, library, copts, linkopts, version, link_from_wheel=False):
     for name, value in (("HEADER_DIR", header_dir), ("SHARED_LIBRARY", library), ("COPTS", " ".join(copts)),
-                        ("LINKOPTS", " ".join(linkopts)), ("VERSION", version)):
+                        ("LINKOPTS", " ".join(linkopts)), ("VERSION", version),
+                        ("LINK_FROM_WHEEL", "1" if link_from_wheel else "0")):
         print(f"{prefix}_{name}={value}")
 
 
@@ -63,14 +71,10 @@ for flag in tf.sysconfig.get_link_flags():
 emit("TF", tf.sysconfig.get_include(), os.path.join(lib_dir, lib_name),
      [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("-I")], [], tf.__version__)
 
-# OpenBLAS: the wheel's pkg-config data (Cflags carry its symbol prefix, Libs its rpath).
-pc = dict(re.findall(r"^(\w+)=(.*)$", scipy_openblas32.get_pkg_config(), re.M))
-fields = dict(re.findall(r"^(Cflags|Libs): (.*)$", scipy_openblas32.get_pkg_config(), re.M))
-expand = lambda text: re.sub(r"\$\{(\w+)\}", lambda m: pc[m.group(1)], text).split()
-emit("BLAS", scipy_openblas32.get_include_dir(),
-     os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True)),
-     [f for f in expand(fields["Cflags"]) if not f.startswith("-I")],
-     [f for f in expand(fields["Libs"]) if f.startswith("-Wl,")], scipy_openblas32.__version__)
+# MKL: mkl.h from mkl-include, the single dynamic library libmkl_rt from mkl, linked where the wheel put it (it
+# loads its CPU-specific kernels from its own folder at run time), the same as setup.py.
+emit("BLAS", os.path.dirname(wheel_file("mkl-include", "mkl.h")), wheel_file("mkl", "libmkl_rt.so.3"), [], [],
+     metadata.version("mkl"), link_from_wheel=True)
 PY
 )" || die "$python_bin cannot provide the wheels the build needs: $(tail -n 3 "$stderr_log")"
 
@@ -82,7 +86,7 @@ done
 
 generated=.bazelrc.generated
 {
-  echo "# Written by configure.sh for $python_bin (TensorFlow ${wheel[TF_VERSION]}, scipy-openblas32" \
+  echo "# Written by configure.sh for $python_bin (TensorFlow ${wheel[TF_VERSION]}, MKL" \
        "${wheel[BLAS_VERSION]}); do not edit, run ./configure.sh again."
   for command in build query fetch sync; do
     echo "$command --override_repository=\"rules_cc=$WORKSPACE_DIR/third_party/rules_cc\""
@@ -93,5 +97,5 @@ generated=.bazelrc.generated
     done
   done
 } >"$generated"
-echo "configure.sh: wrote $generated (TensorFlow ${wheel[TF_VERSION]}, scipy-openblas32 ${wheel[BLAS_VERSION]}," \
+echo "configure.sh: wrote $generated (TensorFlow ${wheel[TF_VERSION]}, MKL ${wheel[BLAS_VERSION]}," \
      "from $python_bin)"

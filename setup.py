@@ -23,18 +23,28 @@ def op_sources() -> list[str]:
     return [f for f in files if not f.endswith(".cu.cc") and not f.endswith("_test.cc") and "_gpu" not in f]
 
 
-def blas_flags() -> tuple[list[str], list[str]]:
-    """Compile and link flags for OpenBLAS from the scipy-openblas32 wheel (DYNAMIC_ARCH: picks its kernels for the
-    CPU at run time). Its symbols carry the prefix `scipy_` (BLAS_SYMBOL_PREFIX); the rpath lets the op library
-    find it wherever the wheel is installed. The Bazel build uses the same flags (see custom_ops/README.md)."""
+def wheel_file(distribution: str, name: str) -> str:
+    """Absolute path of the file `name` that the installed wheel `distribution` put in place."""
+    from importlib import metadata
+
     try:
-        import scipy_openblas32
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("building the ops needs OpenBLAS: pip install scipy-openblas32") from e
-    lib_dir = scipy_openblas32.get_lib_dir()
-    compile_flags = ["-I", scipy_openblas32.get_include_dir(), "-DBLAS_SYMBOL_PREFIX=scipy_"]
-    link_flags = ["-L", lib_dir, f"-l{scipy_openblas32.get_library()}", f"-Wl,-rpath,{lib_dir}"]
-    return compile_flags, link_flags
+        files = metadata.distribution(distribution).files or []
+    except metadata.PackageNotFoundError as e:
+        raise ModuleNotFoundError(f"building the ops needs MKL: pip install {distribution}") from e
+    for file in files:
+        if file.name == name:
+            return str(file.locate().resolve())
+    raise FileNotFoundError(f"the {distribution} wheel has no {name}: reinstall it")
+
+
+def blas_flags() -> tuple[list[str], list[str]]:
+    """Compile and link flags for Intel MKL from the mkl and mkl-include wheels: mkl.h, and the single dynamic
+    library libmkl_rt, which picks its kernels for the CPU at run time; the rpath lets the op library find it
+    wherever the wheel is installed. The Bazel build uses the same flags (see custom_ops/README.md)."""
+    include_dir = os.path.dirname(wheel_file("mkl-include", "mkl.h"))
+    library = wheel_file("mkl", "libmkl_rt.so.3")
+    lib_dir = os.path.dirname(library)
+    return ["-I", include_dir], [library, f"-Wl,-rpath,{lib_dir}"]
 
 
 class TensorFlowOpBuild(build_ext):
@@ -52,7 +62,7 @@ class TensorFlowOpBuild(build_ext):
             if not self.editable_mode:
                 raise
             # `pip install -e .` builds before it installs the dependencies; `make ops` builds the library after.
-            print("scipy-openblas32 is not installed yet: skipping the op library (build it with `make ops`)")
+            print("MKL is not installed yet: skipping the op library (build it with `make ops`)")
             return
         out = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -1,15 +1,19 @@
 """A C++ library taken from an installed pip wheel: its headers, its shared library and its compile flags.
 
-configure.sh reads them from the wheel (tf.sysconfig for TensorFlow, the pkg-config data of scipy-openblas32
-for OpenBLAS) and passes them as --repo_env <PREFIX>_*; a change in any of them (another interpreter, another
+configure.sh reads them from the wheel (tf.sysconfig for TensorFlow, the files of the mkl and mkl-include wheels
+for MKL) and passes them as --repo_env <PREFIX>_*; a change in any of them (another interpreter, another
 version) makes Bazel create the repository again. Nothing is downloaded.
+
+<PREFIX>_LINK_FROM_WHEEL=1 links the library where the wheel put it (-L, -l:, rpath) instead of through Bazel's
+own copy of it: MKL's libmkl_rt loads its CPU-specific libraries from the folder it was itself loaded from,
+which must therefore be the wheel's.
 
 The repository holds:
   //:<target_name>     cc_library: the headers (include path set) and the shared library to link;
   //:build_defs.bzl    COPTS: the wheel's compile flags other than -I, for the code that uses it; VERSION.
 """
 
-_SUFFIXES = ["HEADER_DIR", "SHARED_LIBRARY", "COPTS", "LINKOPTS", "VERSION"]
+_SUFFIXES = ["HEADER_DIR", "SHARED_LIBRARY", "COPTS", "LINKOPTS", "VERSION", "LINK_FROM_WHEEL"]
 _PREFIXES = ["TF", "BLAS"]
 
 _BUILD = """\
@@ -21,7 +25,7 @@ exports_files(["build_defs.bzl"])
 # files) is left out: no header includes a path starting with external/, and each declared header costs time.
 cc_library(
     name = "{target_name}",
-    srcs = ["{library}"],
+    srcs = {srcs},
     hdrs = glob(
         ["include/**"],
         exclude = ["include/external/**", "include/**/LICENSE", "include/**/*.txt", "include/**/*.md"],
@@ -55,12 +59,18 @@ def _pip_library_impl(repository_ctx):
     version = _env(repository_ctx, "VERSION")
 
     repository_ctx.symlink(_env(repository_ctx, "HEADER_DIR"), "include")
-    repository_ctx.symlink(library, library.basename)
+    linkopts = _flags(_env(repository_ctx, "LINKOPTS", required = False))
+    if _env(repository_ctx, "LINK_FROM_WHEEL", required = False) == "1":
+        srcs = []
+        linkopts = ["-L%s" % library.dirname, "-l:%s" % library.basename, "-Wl,-rpath,%s" % library.dirname] + linkopts
+    else:
+        srcs = [library.basename]
+        repository_ctx.symlink(library, library.basename)
     repository_ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % repository_ctx.name)
     repository_ctx.file("BUILD", _BUILD.format(
         target_name = repository_ctx.attr.target_name,
-        library = library.basename,
-        linkopts = repr(_flags(_env(repository_ctx, "LINKOPTS", required = False))),
+        srcs = repr(srcs),
+        linkopts = repr(linkopts),
     ))
     repository_ctx.file("build_defs.bzl", _BUILD_DEFS.format(
         description = repository_ctx.attr.description,

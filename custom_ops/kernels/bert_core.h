@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace bertserve {
@@ -108,9 +109,23 @@ void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int
                const PackedBatch& batch, T* hidden_out, const ThreadPool& pool);
 
 // In place over hidden [num_tokens, H]; workspace holds EncoderWorkspaceBytes<T> bytes, 64-byte aligned.
+// T is fp16 here (weights widened per layer, per call); float runs with packed weights (below).
 template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
              void* workspace, const ThreadPool& pool);
+
+// The four GEMM weights of every layer of a float stack, packed once into the BLAS's own layout
+// (kernels/cpu_gemm.h) for callers that run the same weights many times; it copies them, so w may change or go
+// afterwards. Immutable: concurrent Encoder calls may share one.
+class PackedEncoderWeights;
+std::shared_ptr<const PackedEncoderWeights> PackEncoderWeights(const EncoderDims& dims,
+                                                               const EncoderWeights<float>& w,
+                                                               const ThreadPool& pool);
+
+// The float encoder, in place like Encoder<T>: each layer's GEMM weights come from `packed` (packed from w's
+// kernels and these dims); the biases and LayerNorm parameters still come from w.
+void Encoder(const EncoderDims& dims, const EncoderWeights<float>& w, const PackedEncoderWeights& packed,
+             const PackedBatch& batch, float* hidden, void* workspace, const ThreadPool& pool);
 
 template <typename T>
 void RemovePadding(const T* padded, int64_t seq, int64_t hidden, const PackedBatch& batch, T* packed);

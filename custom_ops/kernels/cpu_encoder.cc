@@ -1,8 +1,10 @@
 // CPU encoder stack on packed tokens: per layer three GEMM phases (QKV, attention output, FFN) through
 // ParallelGemm, attention per (sequence, head) over the real length only, and fused row epilogues.
-// half is computed in float: activations and one layer's weights are widened into the workspace.
+// half is computed in float: activations and one layer's weights are widened into the workspace. float weights
+// may come pre-packed for the GEMMs (PackEncoderWeights).
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
@@ -119,6 +121,16 @@ EncoderWeights<float> WidenLayer(const ThreadPool& pool, const EncoderWeights<fp
   return f;
 }
 
+// One GEMM of a layer; B is `packed` when the caller packed it, else the row-major weights b [k, n].
+void LayerGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
+               const PackedMatrix* packed, float* c, const GemmEpilogue& epilogue) {
+  if (packed != nullptr) {
+    ParallelGemm(pool, m, a, *packed, c, epilogue);
+  } else {
+    ParallelGemm(pool, m, n, k, a, b, c, epilogue);
+  }
+}
+
 void SelfAttention(const EncoderDims& d, const PackedBatch& batch, const float* qkv, float* context,
                    const ThreadPool& pool) {
   const int64_t hidden = d.hidden, head_size = d.head_size(), heads = d.num_heads;
@@ -139,27 +151,49 @@ void SelfAttention(const EncoderDims& d, const PackedBatch& batch, const float* 
   });
 }
 
-// One post-LN BERT layer in place on x [N, H].
-void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const PackedBatch& batch, float* x,
-                  const LayerScratch& s, const ThreadPool& pool) {
+}  // namespace
+
+// The GEMM weights of one layer in MKL's packed layout.
+struct PackedLayer {
+  PackedLayer(const EncoderDims& d, const EncoderWeights<float>& w, const ThreadPool& pool)
+      : qkv(pool, d.hidden, 3 * d.hidden, w.qkv_kernel),
+        attention_output(pool, d.hidden, d.hidden, w.attention_output_kernel),
+        intermediate(pool, d.hidden, d.intermediate, w.intermediate_kernel),
+        output(pool, d.intermediate, d.hidden, w.output_kernel) {}
+  PackedMatrix qkv, attention_output, intermediate, output;
+};
+
+class PackedEncoderWeights {
+ public:
+  std::vector<PackedLayer> layers;
+};
+
+namespace {
+
+// One post-LN BERT layer in place on x [N, H]; packed (may be null) holds w's GEMM weights packed.
+void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const PackedLayer* packed,
+                  const PackedBatch& batch, float* x, const LayerScratch& s, const ThreadPool& pool) {
   const int64_t n = batch.num_tokens, hidden = d.hidden, inter = d.intermediate;
   const float eps = d.layer_norm_epsilon;
 
-  ParallelGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, s.qkv, [&](int64_t c0, int64_t c1) {
+  LayerGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, packed ? &packed->qkv : nullptr, s.qkv, [&](int64_t c0, int64_t c1) {
     for (int64_t r = 0; r < n; ++r) AddBias(w.qkv_bias + c0, c1 - c0, s.qkv + r * 3 * hidden + c0);
   });
   SelfAttention(d, batch, s.qkv, s.context, pool);
 
-  ParallelGemm(pool, n, hidden, hidden, s.context, w.attention_output_kernel, s.projection, {});
+  LayerGemm(pool, n, hidden, hidden, s.context, w.attention_output_kernel,
+            packed ? &packed->attention_output : nullptr, s.projection, {});
   ParallelRows(pool, n, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
     AddBiasResidualLayerNorm(s.projection + r * hidden, w.attention_output_bias, w.attention_ln_gamma,
                              w.attention_ln_beta, hidden, eps, x + r * hidden);
   });
 
-  ParallelGemm(pool, n, inter, hidden, x, w.intermediate_kernel, s.intermediate, [&](int64_t c0, int64_t c1) {
+  LayerGemm(pool, n, inter, hidden, x, w.intermediate_kernel, packed ? &packed->intermediate : nullptr,
+            s.intermediate, [&](int64_t c0, int64_t c1) {
     for (int64_t r = 0; r < n; ++r) AddBiasGelu(w.intermediate_bias + c0, c1 - c0, s.intermediate + r * inter + c0);
   });
-  ParallelGemm(pool, n, hidden, inter, s.intermediate, w.output_kernel, s.projection, {});
+  LayerGemm(pool, n, hidden, inter, s.intermediate, w.output_kernel, packed ? &packed->output : nullptr,
+            s.projection, {});
   ParallelRows(pool, n, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
     AddBiasResidualLayerNorm(s.projection + r * hidden, w.output_bias, w.output_ln_gamma, w.output_ln_beta, hidden,
                              eps, x + r * hidden);
@@ -180,14 +214,25 @@ int64_t EncoderWorkspaceBytes<fp16>(const EncoderDims& dims, int64_t num_tokens)
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
-template <>
-void Encoder<float>(const EncoderDims& dims, const EncoderWeights<float>& w, const PackedBatch& batch, float* hidden,
-                    void* workspace, const ThreadPool& pool) {
+std::shared_ptr<const PackedEncoderWeights> PackEncoderWeights(const EncoderDims& dims,
+                                                               const EncoderWeights<float>& w,
+                                                               const ThreadPool& pool) {
+  auto packed = std::make_shared<PackedEncoderWeights>();
+  packed->layers.reserve(dims.num_layers);
+  const LayerSizes sizes(dims);
+  for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
+    packed->layers.emplace_back(dims, LayerSlice(w, sizes, layer), pool);
+  }
+  return packed;
+}
+
+void Encoder(const EncoderDims& dims, const EncoderWeights<float>& w, const PackedEncoderWeights& packed,
+             const PackedBatch& batch, float* hidden, void* workspace, const ThreadPool& pool) {
   if (batch.num_tokens == 0) return;
   const LayerSizes sizes(dims);
   const LayerScratch scratch = CarveLayerScratch(dims, batch.num_tokens, static_cast<float*>(workspace));
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
-    EncoderLayer(dims, LayerSlice(w, sizes, layer), batch, hidden, scratch, pool);
+    EncoderLayer(dims, LayerSlice(w, sizes, layer), &packed.layers[layer], batch, hidden, scratch, pool);
   }
 }
 
@@ -204,7 +249,7 @@ void Encoder<fp16>(const EncoderDims& dims, const EncoderWeights<fp16>& w, const
   ParallelConvert(pool, HalfToFloat, static_cast<const fp16*>(hidden), elements, x);
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
     const EncoderWeights<float> wf = WidenLayer(pool, LayerSlice(w, sizes, layer), sizes, layer_weights);
-    EncoderLayer(dims, wf, batch, x, scratch, pool);
+    EncoderLayer(dims, wf, nullptr, batch, x, scratch, pool);
   }
   ParallelConvert(pool, FloatToHalf, static_cast<const float*>(x), elements, hidden);
 }

@@ -1,7 +1,10 @@
 // CPU OpKernels of the fused BERT ops: validate (bert_op_inputs), allocate through TensorFlow, call the CPU core
 // on TensorFlow's intra-op thread pool.
 #include <algorithm>
+#include <array>
 #include <functional>
+#include <memory>
+#include <mutex>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/tf/bert_op_inputs.h"
@@ -57,6 +60,42 @@ class BertEmbeddingOp : public OpKernel {
   float epsilon_;
 };
 
+// BertEncoder's float GEMM weights packed once per set of weight buffers (cpu::PackEncoderWeights), keyed by the
+// buffers' addresses and shapes. It holds a reference to each weight tensor it packed, so a buffer cannot be
+// freed and its address reused for other weights; and a resource variable assigned afterwards gets a new buffer
+// (TensorFlow writes a variable's buffer in place only while nothing else holds it), hence a new key and a
+// repack. TF1 reference variables (tf.compat.v1 Assign) write in place and are not supported.
+class PackedWeightCache {
+ public:
+  // The packed form of the GEMM weights among ctx's inputs (w points into them), packing them if they are new.
+  std::shared_ptr<const cpu::PackedEncoderWeights> Get(OpKernelContext* ctx, const EncoderDims& dims,
+                                                       const EncoderWeights<float>& w, const cpu::ThreadPool& pool) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (packed_ == nullptr || !HoldsInputs(ctx)) {
+      packed_ = cpu::PackEncoderWeights(dims, w, pool);
+      for (size_t i = 0; i < kGemmWeightInputs.size(); ++i) held_[i] = ctx->input(kGemmWeightInputs[i]);
+    }
+    return packed_;
+  }
+
+ private:
+  // qkv_kernel, attention_output_kernel, intermediate_kernel, output_kernel.
+  static constexpr std::array<int, 4> kGemmWeightInputs = {2, 4, 8, 10};
+
+  // Called with mu_ held.
+  bool HoldsInputs(OpKernelContext* ctx) const {
+    for (size_t i = 0; i < kGemmWeightInputs.size(); ++i) {
+      const Tensor& input = ctx->input(kGemmWeightInputs[i]);
+      if (input.data() != held_[i].data() || input.shape() != held_[i].shape()) return false;
+    }
+    return true;
+  }
+
+  std::mutex mu_;  // guards held_ and packed_: Compute runs concurrently
+  std::array<Tensor, 4> held_;
+  std::shared_ptr<const cpu::PackedEncoderWeights> packed_;
+};
+
 template <typename T>
 class BertEncoderOp : public OpKernel {
  public:
@@ -80,12 +119,26 @@ class BertEncoderOp : public OpKernel {
     const int64_t bytes = cpu::EncoderWorkspaceBytes<CoreType<T>>(dims, batch.num_tokens);
     Tensor workspace;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({bytes / 4}), &workspace));
-    cpu::Encoder(dims, weights, batch, CoreData<T>(output), workspace.flat<float>().data(), IntraOpPool(ctx));
+    RunEncoder(ctx, dims, weights, batch, CoreData<T>(output), workspace.flat<float>().data(), IntraOpPool(ctx));
   }
 
  private:
+  // half: the core widens the weights per layer and call.
+  void RunEncoder(OpKernelContext*, const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch,
+                  fp16* hidden, float* workspace, const cpu::ThreadPool& pool) {
+    cpu::Encoder(dims, w, batch, hidden, workspace, pool);
+  }
+
+  // float: the GEMM weights packed once, reused while the same weight buffers come in.
+  void RunEncoder(OpKernelContext* ctx, const EncoderDims& dims, const EncoderWeights<float>& w,
+                  const PackedBatch& batch, float* hidden, float* workspace, const cpu::ThreadPool& pool) {
+    const std::shared_ptr<const cpu::PackedEncoderWeights> packed = packed_weights_.Get(ctx, dims, w, pool);
+    cpu::Encoder(dims, w, *packed, batch, hidden, workspace, pool);
+  }
+
   int64_t num_heads_;
   float epsilon_;
+  PackedWeightCache packed_weights_;
 };
 
 template <typename T>
