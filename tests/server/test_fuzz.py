@@ -99,7 +99,7 @@ def _malformed_rest(rng: np.random.Generator, kind: int, base: str) -> requests.
 
 @pytest.fixture(scope="module")
 def server(models_dir, tmp_path_factory):
-    from conftest import ServerProcess
+    from serving_harness import ServerProcess
     config = tmp_path_factory.mktemp("fuzz") / "batching.txt"
     config.write_text("max_batch_size { value: 32 } batch_timeout_micros { value: 1000 }")
     process = ServerProcess("--model_name=tiny", f"--model_base_path={models_dir}/tiny", "--enable_batching",

@@ -15,7 +15,7 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from conftest import REPO_ROOT
+from serving_harness import REPO_ROOT
 from tiny_models import predict_request, token_inputs
 
 State = get_model_status_pb2.ModelVersionStatus.State

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
                                      model_pb2)
 
-from conftest import ServerProcess
+from serving_harness import ServerProcess
 from tiny_models import VOCAB, direct_scores, predict_request, tensor, token_inputs
 
 METRICS_PATH = "/monitoring/prometheus/metrics"

@@ -27,7 +27,7 @@ TF_SERVING_MESSAGE = ("Tensors with name 'serving_default_input_ids:0' from diff
 
 @pytest.fixture(scope="module")
 def server(models_dir, tmp_path_factory):
-    from conftest import ServerProcess
+    from serving_harness import ServerProcess
     config_dir = tmp_path_factory.mktemp("shape_mismatch")
     (config_dir / "batching.txt").write_text(
         f"max_batch_size {{ value: 8 }} batch_timeout_micros {{ value: {int(BATCH_TIMEOUT_S * 1e6)} }} "
