@@ -2,7 +2,7 @@
 # Links the bertserve ops into a TensorFlow Serving source tree, the way g3doc/custom_op.md describes:
 #   - WORKSPACE gains local repositories @bertserve (this checkout), @bertserve_tensorflow
 #     (third_party/serving/tensorflow: the ops' TensorFlow dependency mapped onto @org_tensorflow) and
-#     @bertserve_blas (third_party/serving/blas: the system OpenBLAS, libopenblas-dev);
+#     @bertserve_blas (third_party/serving/blas: Intel MKL from PyPI under /opt/mkl);
 #   - tensorflow_serving/model_servers/BUILD gets @bertserve//custom_ops:bert_ops, a cc_library(alwayslink = 1),
 #     added to SUPPORTED_TENSORFLOW_OPS, which server_lib (and so tensorflow_model_server) links.
 # Idempotent. Usage: add_bertserve_ops.sh <tensorflow-serving-source-dir> [<bertserve-checkout>]

@@ -1,4 +1,4 @@
-"""The system OpenBLAS needs no extra compile flags."""
+"""Intel MKL from the mkl / mkl-include wheels installed under /opt/mkl (see BUILD)."""
 
-VERSION = "the system OpenBLAS"
-COPTS = []
+VERSION = "Intel MKL 2026.2.0 from PyPI, under /opt/mkl"
+COPTS = ["-isystem", "/opt/mkl/include"]
