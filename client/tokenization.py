@@ -99,7 +99,6 @@ class PairTokenizer:
             handle_chinese_chars=settings.tokenize_chinese_chars)
         self.cls_id = self._required_id("[CLS]")
         self.sep_id = self._required_id("[SEP]")
-        self.pad_id = self._wordpiece.token_to_id("[PAD]") or 0
         self.vocab_size = self._wordpiece.get_vocab_size()
 
     @classmethod
@@ -141,6 +140,3 @@ class PairTokenizer:
             ids.append([self.cls_id, *q[:q_keep], self.sep_id, *reply[:r_keep], self.sep_id])
             first_len.append(q_keep + 2)
         return EncodedPairs(ids=ids, first_segment_len=first_len, truncation=stats)
-
-    def encode_query(self, query: str, replies: Sequence[str]) -> EncodedPairs:
-        return self.encode_pairs([query] * len(replies), replies)

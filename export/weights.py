@@ -129,5 +129,3 @@ class BertWeights:
 
 CHITCHAT_CONFIG = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=6, num_attention_heads=12,
                              intermediate_size=3072, max_position_embeddings=512)
-MINILM_CONFIG = BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                           intermediate_size=1536, max_position_embeddings=512)
