@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from bertserve.client.server_process import free_port
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
 from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
@@ -75,12 +75,6 @@ def request_for(model: str, inputs: dict[str, np.ndarray]) -> predict_pb2.Predic
     for key, value in inputs.items():
         request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
     return request
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,13 +14,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
+from bertserve.client.server_process import free_port
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ServerProcess:
