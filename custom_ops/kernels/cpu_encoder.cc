@@ -1,5 +1,5 @@
 // CPU encoder stack on packed tokens: per layer three GEMM phases (QKV, attention output, FFN) through
-// ParallelGemm, attention per (sequence, head) over the real length only, and fused row epilogues.
+// ParallelGemm, attention per sequence over its real length only (cpu_attention.h), and fused row epilogues.
 // half is computed in float: activations and one layer's weights are widened into the workspace. float weights
 // may come pre-packed for the GEMMs (PackEncoderWeights).
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
+#include "custom_ops/kernels/cpu_attention.h"
 #include "custom_ops/kernels/cpu_gemm.h"
 #include "custom_ops/kernels/cpu_math.h"
 
@@ -129,26 +130,6 @@ void LayerGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const fl
   } else {
     ParallelGemm(pool, m, n, k, a, b, c, epilogue);
   }
-}
-
-void SelfAttention(const EncoderDims& d, const PackedBatch& batch, const float* qkv, float* context,
-                   const ThreadPool& pool) {
-  const int64_t hidden = d.hidden, head_size = d.head_size(), heads = d.num_heads;
-  const int64_t max_len = batch.max_seqlen;
-  const int64_t cost = std::max<int64_t>(1, 4 * max_len * max_len * head_size);
-  pool.parallel_for(batch.batch * heads, cost, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scratch;
-    scratch.resize(std::max<size_t>(scratch.size(), AttentionScratchFloats(max_len, head_size)));
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / heads, h = task % heads;
-      const int64_t first = batch.cu_seqlens_host[b];
-      const int64_t len = batch.cu_seqlens_host[b + 1] - first;
-      if (len == 0) continue;
-      const float* q = qkv + first * 3 * hidden + h * head_size;
-      AttentionHead(q, q + hidden, q + 2 * hidden, 3 * hidden, len, head_size, scratch.data(),
-                    context + first * hidden + h * head_size, hidden);
-    }
-  });
 }
 
 }  // namespace

@@ -17,12 +17,6 @@ constexpr int64_t kMinColumnsPerShard = 64;
 constexpr int64_t kShardsPerThread = 2;
 constexpr int kMemoryAlignment = 64;
 
-// MKL's own threads would compete with TensorFlow's pool: every call runs on the thread that makes it.
-void SequentialMkl() {
-  static std::once_flag once;
-  std::call_once(once, [] { mkl_set_threading_layer(MKL_THREADING_SEQUENTIAL); });
-}
-
 // Columns per block for a B with n columns; the same split for packed and unpacked B, so both give the same sums.
 int64_t BlockColumns(const ThreadPool& pool, int64_t n) {
   const int64_t shards = std::max<int64_t>(1, std::min<int64_t>(kShardsPerThread * pool.num_threads,
@@ -51,11 +45,17 @@ void ForEachBlock(const ThreadPool& pool, int64_t n, int64_t block_columns, doub
 
 }  // namespace
 
+// MKL's own threads would compete with TensorFlow's pool.
+void UseSequentialMkl() {
+  static std::once_flag once;
+  std::call_once(once, [] { mkl_set_threading_layer(MKL_THREADING_SEQUENTIAL); });
+}
+
 void PackedMatrix::MklFree::operator()(void* p) const { mkl_free(p); }
 
 PackedMatrix::PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b)
     : k_(k), n_(n), block_columns_(BlockColumns(pool, n)) {
-  SequentialMkl();
+  UseSequentialMkl();
   blocks_.resize((n + block_columns_ - 1) / block_columns_);
   // MKL picks the packed layout of B by the row count of A it is told: a layout packed for a few rows is copied
   // again inside every product with many rows (a tenth of the encoder's time at 256 tokens), while the layout
@@ -74,7 +74,7 @@ PackedMatrix::PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const f
 
 void ParallelGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
                   const GemmEpilogue& epilogue) {
-  SequentialMkl();
+  UseSequentialMkl();
   ForEachBlock(pool, n, BlockColumns(pool, n), 2.0 * m * n * k, [&](int64_t, int64_t col_begin, int64_t col_end) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(col_end - col_begin),
                 static_cast<int>(k), 1.0f, a, static_cast<int>(k), b + col_begin, static_cast<int>(n), 0.0f,

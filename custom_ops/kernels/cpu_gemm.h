@@ -15,6 +15,10 @@
 namespace bertserve {
 namespace cpu {
 
+// Makes every MKL call run on the thread that makes it (TensorFlow's pool is the only set of threads); call it
+// before calling MKL.
+void UseSequentialMkl();
+
 // Runs on a finished column block [col_begin, col_end) of C (all rows), on the thread that computed it.
 using GemmEpilogue = std::function<void(int64_t col_begin, int64_t col_end)>;
 

@@ -25,6 +25,19 @@ inline float Sum(const float* x, int64_t n) {
   return total;
 }
 
+inline float Max(const float* x, int64_t n) {
+  float acc[kLanes];
+  std::fill(acc, acc + kLanes, x[0]);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], x[i + l]);
+  }
+  float result = x[0];
+  for (; i < n; ++i) result = std::max(result, x[i]);
+  for (int l = 0; l < kLanes; ++l) result = std::max(result, acc[l]);
+  return result;
+}
+
 inline float SumSquaredDeviation(const float* x, float mean, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
@@ -110,41 +123,19 @@ BERTSERVE_VECTORIZED void AddBiasGelu(const float* bias, int64_t n, float* x) {
   }
 }
 
-int64_t AttentionScratchFloats(int64_t len, int64_t head_size) { return len * head_size + len; }
-
-BERTSERVE_VECTORIZED void AttentionHead(const float* q, const float* k, const float* v, int64_t ld, int64_t len,
-                                        int64_t head_size, float* scratch, float* out, int64_t ld_out) {
-  // Keys transposed to [head_size, len] so every score row is a sum of contiguous axpys (vectorised over keys).
-  float* keys_t = scratch;
-  float* scores = scratch + len * head_size;
-  for (int64_t j = 0; j < len; ++j) {
-    for (int64_t d = 0; d < head_size; ++d) keys_t[d * len + j] = k[j * ld + d];
+BERTSERVE_VECTORIZED void SubtractRowMaxima(float* x, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * n;
+    const float row_max = Max(row, n);
+    for (int64_t i = 0; i < n; ++i) row[i] -= row_max;
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-  for (int64_t i = 0; i < len; ++i) {
-    const float* qi = q + i * ld;
-    for (int64_t j = 0; j < len; ++j) scores[j] = 0.0f;
-    for (int64_t d = 0; d < head_size; ++d) {
-      const float qd = qi[d] * scale;
-      const float* kd = keys_t + d * len;
-      for (int64_t j = 0; j < len; ++j) scores[j] += qd * kd[j];
-    }
-    float row_max = scores[0];
-    for (int64_t j = 1; j < len; ++j) row_max = std::max(row_max, scores[j]);
-    float total = 0.0f;
-    for (int64_t j = 0; j < len; ++j) {
-      scores[j] = std::exp(scores[j] - row_max);
-      total += scores[j];
-    }
-    float* oi = out + i * ld_out;
-    for (int64_t d = 0; d < head_size; ++d) oi[d] = 0.0f;
-    for (int64_t j = 0; j < len; ++j) {
-      const float p = scores[j];
-      const float* vj = v + j * ld;
-      for (int64_t d = 0; d < head_size; ++d) oi[d] += p * vj[d];
-    }
-    const float inv_total = 1.0f / total;
-    for (int64_t d = 0; d < head_size; ++d) oi[d] *= inv_total;
+}
+
+BERTSERVE_VECTORIZED void ScaleRowsToUnitSum(float* x, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = x + r * n;
+    const float inv_sum = 1.0f / Sum(row, n);
+    for (int64_t i = 0; i < n; ++i) row[i] *= inv_sum;
   }
 }
 

@@ -26,12 +26,10 @@ void AddBias(const float* bias, int64_t n, float* x);
 // x = gelu(x + bias), erf form.
 void AddBiasGelu(const float* bias, int64_t n, float* x);
 
-// Scaled dot-product attention of one head of one sequence: q, k, v are [len, head_size] row blocks with row
-// stride ld (views into the fused QKV output); writes [len, head_size] with row stride ld_out.
-// scratch holds AttentionScratchFloats(len, head_size) floats.
-int64_t AttentionScratchFloats(int64_t len, int64_t head_size);
-void AttentionHead(const float* q, const float* k, const float* v, int64_t ld, int64_t len, int64_t head_size,
-                   float* scratch, float* out, int64_t ld_out);
+// The softmax's steps around the exponentials, on `rows` rows of n floats in place: subtracting each row's
+// maximum (so every exponential is in (0, 1]), and dividing each row by its sum.
+void SubtractRowMaxima(float* x, int64_t rows, int64_t n);
+void ScaleRowsToUnitSum(float* x, int64_t rows, int64_t n);
 
 }  // namespace cpu
 }  // namespace bertserve

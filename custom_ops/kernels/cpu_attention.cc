@@ -1,0 +1,86 @@
+// Attention as a few MKL calls per sequence and group of heads: the per-head products (scores = Q K^T and
+// context = P V, len x len x head_size each) as one strided batch of GEMMs each, Q, K and V read straight from
+// the fused QKV rows, and the softmax's exponentials from MKL's vector math, all heads of the group at once.
+#include "custom_ops/kernels/cpu_attention.h"
+
+#include <mkl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "custom_ops/kernels/cpu_gemm.h"
+#include "custom_ops/kernels/cpu_math.h"
+
+namespace bertserve {
+namespace cpu {
+namespace {
+
+// Scores of one task stay within L2 (256 KiB); a long sequence's heads are split into smaller groups.
+constexpr int64_t kMaxScoreFloats = 1 << 16;
+
+// Tasks per thread, so that sequences of unequal length even out across the threads.
+constexpr int64_t kTasksPerThread = 8;
+
+// Heads per task: all of a sequence's heads when there are enough sequences to share out, fewer otherwise.
+int64_t HeadsPerTask(const EncoderDims& d, const PackedBatch& batch, int num_threads) {
+  const int64_t by_scratch = std::max<int64_t>(1, kMaxScoreFloats / (batch.max_seqlen * batch.max_seqlen));
+  const int64_t by_tasks = std::max<int64_t>(1, d.num_heads * batch.batch / (kTasksPerThread * num_threads));
+  return std::min({d.num_heads, by_scratch, by_tasks});
+}
+
+// Attention of `heads` consecutive heads of one sequence of `len` tokens; q, k, v point at the first head's
+// columns of the first token's Q, K and V blocks (row stride ld); out likewise into the context (ld_out).
+// scratch holds ScratchFloats(len, head_size, heads) floats: the scores, then each head's context before it is
+// interleaved into `out` (MKL's strided batch does not write interleaved matrices).
+int64_t ScratchFloats(int64_t len, int64_t head_size, int64_t heads) { return heads * len * (len + head_size); }
+
+void AttentionHeads(const float* q, const float* k, const float* v, int64_t ld, int64_t len, int64_t head_size,
+                    int64_t heads, float* scratch, float* out, int64_t ld_out) {
+  const int n = static_cast<int>(len), hs = static_cast<int>(head_size), count = static_cast<int>(heads);
+  const int square = n * n;
+  float* scores = scratch;
+  float* head_context = scratch + heads * square;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
+  cblas_sgemm_batch_strided(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hs, scale, q, static_cast<int>(ld), hs,
+                            k, static_cast<int>(ld), hs, 0.0f, scores, n, square, count);
+  SubtractRowMaxima(scores, heads * len, len);
+  vmsExp(count * square, scores, scores, VML_HA);
+  ScaleRowsToUnitSum(scores, heads * len, len);
+  cblas_sgemm_batch_strided(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hs, n, 1.0f, scores, n, square, v,
+                            static_cast<int>(ld), hs, 0.0f, head_context, hs, n * hs, count);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < len; ++i) {
+      std::copy_n(head_context + (h * len + i) * head_size, head_size, out + i * ld_out + h * head_size);
+    }
+  }
+}
+
+}  // namespace
+
+void SelfAttention(const EncoderDims& d, const PackedBatch& batch, const float* qkv, float* context,
+                   const ThreadPool& pool) {
+  if (batch.max_seqlen == 0) return;
+  UseSequentialMkl();
+  const int64_t hidden = d.hidden, head_size = d.head_size(), max_len = batch.max_seqlen;
+  const int64_t group = HeadsPerTask(d, batch, pool.num_threads);
+  const int64_t groups = (d.num_heads + group - 1) / group;
+  const int64_t cost = 4 * max_len * max_len * head_size * group;
+  pool.parallel_for(batch.batch * groups, cost, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(std::max<size_t>(scratch.size(), ScratchFloats(max_len, head_size, group)));
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / groups, first_head = task % groups * group;
+      const int64_t first = batch.cu_seqlens_host[b];
+      const int64_t len = batch.cu_seqlens_host[b + 1] - first;
+      if (len == 0) continue;
+      const float* q = qkv + first * 3 * hidden + first_head * head_size;
+      AttentionHeads(q, q + hidden, q + 2 * hidden, 3 * hidden, len, head_size,
+                     std::min(group, d.num_heads - first_head), scratch.data(),
+                     context + first * hidden + first_head * head_size, hidden);
+    }
+  });
+}
+
+}  // namespace cpu
+}  // namespace bertserve
