@@ -9,7 +9,7 @@ OP_SRCS := $(wildcard custom_ops/kernels/*.cc custom_ops/kernels/*.h custom_ops/
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEBS := bazel-bootstrap bazel-platforms
 BUILD_DEPS := tensorflow==2.21.0 mkl==2026.2.0 mkl-include==2026.2.0
-GPU_BUILD_DEPS := nvidia-cublas==13.10.0.20
+GPU_BUILD_DEPS := nvidia-cublas==13.10.0.20 nvidia-cutlass==4.2.0.0
 
 .PHONY: setup debs ops gpu-ops bazel test demo clean
 
@@ -36,7 +36,7 @@ ops: $(OP_LIB)
 $(OP_LIB): $(OP_SRCS) setup.py | $(VENV)/.installed
 	$(PY) setup.py -q build_ext --inplace
 
-# TF GPU kernels (CUDA 13 nvcc, cuBLASLt from PyPI): loaded with the ops when present; not part of CI.
+# TF GPU kernels (CUDA 13 nvcc; cuBLASLt and CUTLASS headers from PyPI): loaded with the ops when present; not in CI.
 gpu-ops: setup
 	$(PIP) install -q $(GPU_BUILD_DEPS)
 	PYTHON=$(PY) custom_ops/kernels/cuda/build.sh build/cuda --tf

@@ -28,6 +28,8 @@ def load_library(path: str) -> ctypes.CDLL:
     lib.bertserve_cuda_ranker_create.restype = _vp
     lib.bertserve_cuda_ranker_create.argtypes = [ctypes.c_int] * 3 + [_c_int64] * 8 + [ctypes.c_float, _vp]
     lib.bertserve_cuda_ranker_destroy.argtypes = [_vp]
+    lib.bertserve_cuda_ranker_describe_plans.restype = ctypes.c_char_p
+    lib.bertserve_cuda_ranker_describe_plans.argtypes = [_vp]
     lib.bertserve_cuda_ranker_workspace_bytes.restype = _c_int64
     lib.bertserve_cuda_ranker_workspace_bytes.argtypes = [_vp, _c_int64, _c_int64]
     lib.bertserve_cuda_ranker_forward.argtypes = [_vp, _i32p, _i32p, _c_int64, _c_int64, _i32p, _i32p, _c_int64,
@@ -66,19 +68,20 @@ def cu_seqlens_of(lengths: np.ndarray) -> np.ndarray:
 
 class CudaRanker:
     """The core's whole ranker forward on fp16 (or float32) weights living on the GPU. autotune and
-    gelu_tanh_epilogue are the core's GemmOptions: the harness plans every graph bucket before capture, so it
-    can afford to time cuBLASLt's candidates once per shape."""
+    fused_epilogues are the core's GemmOptions: the harness plans every graph bucket before capture, so it
+    can afford to time the GEMM candidates once per shape."""
 
     def __init__(self, lib: ctypes.CDLL, config: Mapping[str, float], weights: Mapping[str, torch.Tensor],
                  dtype: torch.dtype, max_batch: int, seq: int, autotune: bool = True,
-                 gelu_tanh_epilogue: bool = False):
+                 fused_epilogues: bool = True):
         self.lib, self.dtype, self.seq, self.max_batch = lib, dtype, seq, max_batch
         self.hidden = int(config["hidden_size"])
         fused = fuse_qkv(weights)
         self.weights = {k: fused[k].to("cuda", dtype).contiguous() for k in WEIGHT_ORDER}
         pointers = (ctypes.c_void_p * len(WEIGHT_ORDER))(*[self.weights[k].data_ptr() for k in WEIGHT_ORDER])
         self.handle = lib.bertserve_cuda_ranker_create(
-            int(dtype == torch.float16), int(autotune), int(gelu_tanh_epilogue), config["vocab_size"], config["hidden_size"], config["num_attention_heads"],
+            int(dtype == torch.float16), int(autotune), int(fused_epilogues),
+            config["vocab_size"], config["hidden_size"], config["num_attention_heads"],
             config["intermediate_size"], config["num_hidden_layers"], config["max_position_embeddings"],
             config["type_vocab_size"], config["num_labels"], float(config["layer_norm_eps"]), pointers)
         if not self.handle:
@@ -93,6 +96,10 @@ class CudaRanker:
         self.cu_host = torch.zeros(max_batch + 1, dtype=torch.int32).pin_memory()
         self.scores = torch.zeros(max_batch, dtype=torch.float32, device="cuda")
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    def gelu_plans(self) -> list[str]:
+        """How each planned FFN GEMM + GELU shape runs (CUTLASS tile configuration or cuBLASLt + GELU pass)."""
+        return self.lib.bertserve_cuda_ranker_describe_plans(self.handle).decode().splitlines()
 
     def close(self) -> None:
         if self.handle:

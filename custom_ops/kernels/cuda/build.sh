@@ -5,6 +5,7 @@
 #   CUDA_HOME     CUDA 13 toolkit (default /usr/local/cuda)
 #   CUBLAS_HOME   folder with include/cublasLt.h and lib/libcublasLt.so* when the toolkit lacks cuBLAS
 #                 (PyPI's nvidia-cublas wheel installs one at site-packages/nvidia/cu13)
+#   CUTLASS_HOME  folder with include/cutlass (default: PyPI's nvidia-cutlass wheel, cutlass_library/source)
 #   CUDA_ARCH     nvcc -gencode value (default arch=compute_90a,code=sm_90a: Hopper)
 #   PYTHON        a Python with tensorflow, for its compile and link flags (--tf only; default python3)
 # The CUDA runtime is linked statically (-cudart static): TensorFlow 2.21 is a CUDA 12.5 build and loads its own
@@ -19,13 +20,18 @@ py=${PYTHON:-python3}
 if [[ ! -f $cublas/include/cublasLt.h ]]; then  # fall back on a pip-installed nvidia-cublas (CUDA 13)
   cublas=$("$py" -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
 fi
+cutlass=${CUTLASS_HOME:-$("$py" -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source"))')}
 arch=${CUDA_ARCH:-arch=compute_90a,code=sm_90a}
+# NDEBUG keeps CUTLASS's asserts out of the wgmma pipelines (ptxas serialises wgmma across their calls).
+cutlass_flags=(-DNDEBUG --expt-relaxed-constexpr -diag-suppress 2908
+  -I"$cutlass/include" -I"$cutlass/tools/util/include")
 mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
 pids=()
 core_objs=()
-for src in gemm elementwise attention encoder ranker_c_api; do
-  "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills \
+for src in gemm_gelu_cooperative gemm_gelu_pingpong gemm_gelu gemm elementwise attention encoder \
+    ranker_c_api; do
+  "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills "${cutlass_flags[@]}" \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &
   pids+=($!)
   [[ $src == ranker_c_api ]] || core_objs+=("$out/$src.o")
@@ -43,7 +49,7 @@ tf_objs=()
 for src in custom_ops/tf/bert_kernels_gpu.cu.cc custom_ops/tf/bert_op_inputs.cc custom_ops/kernels/validation.cc; do
   obj="$out/$(basename "${src%%.*}")_tf.o"
   "$cuda/bin/nvcc" -x c++ -O3 -Xcompiler -fPIC -Xcompiler -Wno-deprecated-declarations "${tf_cflags[@]}" \
-    -I"$root" -I"$cublas/include" -c "$root/$src" -o "$obj" &
+    -I"$root" -I"$cublas/include" -I"$cutlass/include" -c "$root/$src" -o "$obj" &
   pids+=($!)
   tf_objs+=("$obj")
 done

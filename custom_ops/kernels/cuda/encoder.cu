@@ -1,9 +1,11 @@
 // The CUDA backend of bert_core.h: per layer one QKV GEMM (bias in the cuBLASLt epilogue), fused attention,
-// output GEMM + (residual + LayerNorm), FFN GEMM + GELU, FFN output GEMM + (residual + LayerNorm). Tokens stay
+// output GEMM + (residual + LayerNorm), FFN GEMM + GELU (in fp16 through GemmBiasGelu, which puts GELU in a CUTLASS
+// GEMM's epilogue where that is faster), FFN output GEMM + (residual + LayerNorm). Tokens stay
 // packed throughout; the launch shapes come from the host-side PackedBatch, so nothing waits on the device.
 #include <cuda_fp16.h>
 
 #include <string>
+#include <type_traits>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -53,6 +55,31 @@ void CheckDims(const EncoderDims& dims) {
   }
 }
 
+// One layer's slices of the stacked weights, as device types.
+template <typename D>
+struct LayerWeights {
+  const D *qkv_kernel, *qkv_bias, *attention_output_kernel, *attention_output_bias, *attention_ln_gamma,
+      *attention_ln_beta, *intermediate_kernel, *intermediate_bias, *output_kernel, *output_bias, *output_ln_gamma,
+      *output_ln_beta;
+
+  template <typename T>
+  LayerWeights(const EncoderDims& dims, const EncoderWeights<T>& w, int64_t l) {
+    const int64_t h = dims.hidden, inter = dims.intermediate;
+    qkv_kernel = ToDevice(w.qkv_kernel) + l * h * 3 * h;
+    qkv_bias = ToDevice(w.qkv_bias) + l * 3 * h;
+    attention_output_kernel = ToDevice(w.attention_output_kernel) + l * h * h;
+    attention_output_bias = ToDevice(w.attention_output_bias) + l * h;
+    attention_ln_gamma = ToDevice(w.attention_ln_gamma) + l * h;
+    attention_ln_beta = ToDevice(w.attention_ln_beta) + l * h;
+    intermediate_kernel = ToDevice(w.intermediate_kernel) + l * h * inter;
+    intermediate_bias = ToDevice(w.intermediate_bias) + l * inter;
+    output_kernel = ToDevice(w.output_kernel) + l * inter * h;
+    output_bias = ToDevice(w.output_bias) + l * h;
+    output_ln_gamma = ToDevice(w.output_ln_gamma) + l * h;
+    output_ln_beta = ToDevice(w.output_ln_beta) + l * h;
+  }
+};
+
 }  // namespace
 
 template <typename T>
@@ -71,36 +98,53 @@ void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int
                            ToDevice(hidden_out), AsStream(stream));
 }
 
+namespace {
+
+// GELU goes through GemmBiasGelu (which may fuse it into a CUTLASS GEMM's epilogue) for fp16 with fused_epilogues.
+bool UsesGemmBiasGelu(const GemmContext* gemm, const EncoderDims& dims, bool half) {
+  return half && OptionsOf(gemm).fused_epilogues && dims.hidden % 8 == 0 && dims.intermediate % 8 == 0;
+}
+
+template <typename D>
+void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
+           bool gemm_bias_gelu, D* x, GemmContext* gemm, void* stream) {
+  const int64_t n = batch.num_tokens, h = dims.hidden, inter = dims.intermediate;
+  const cudaStream_t s = AsStream(stream);
+  auto gemm_bias = [&](const D* in, const D* weight, const D* bias, D* out, int64_t n_out, int64_t k_in) {
+    Gemm<D, D>(gemm, in, weight, bias, out, n, n_out, k_in, Epilogue::kBias, buf.gemm_workspace, stream);
+  };
+  gemm_bias(x, w.qkv_kernel, w.qkv_bias, buf.qkv, 3 * h, h);
+  LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
+                     dims.head_size(), buf.context, s);
+  gemm_bias(buf.context, w.attention_output_kernel, w.attention_output_bias, buf.dense, h, h);
+  LaunchResidualLayerNorm<D>(buf.dense, w.attention_ln_gamma, w.attention_ln_beta, n, h, dims.layer_norm_epsilon, x,
+                             s);
+  if constexpr (std::is_same_v<D, __half>) {
+    if (gemm_bias_gelu) {
+      GemmBiasGelu(gemm, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, n, inter, h, buf.gemm_workspace,
+                   stream);
+    }
+  }
+  if (!gemm_bias_gelu) {
+    gemm_bias(x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, inter, h);
+    LaunchGelu<D>(buf.ffn, n * inter, s);
+  }
+  gemm_bias(buf.ffn, w.output_kernel, w.output_bias, buf.dense, h, inter);
+  LaunchResidualLayerNorm<D>(buf.dense, w.output_ln_gamma, w.output_ln_beta, n, h, dims.layer_norm_epsilon, x, s);
+}
+
+}  // namespace
+
 template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
              void* workspace, GemmContext* gemm, void* stream) {
   CheckDims(dims);
   using D = DeviceT<T>;
-  const int64_t n = batch.num_tokens, h = dims.hidden, inter = dims.intermediate;
-  if (n == 0) return;
-  const EncoderBuffers<D> buf(dims, n, workspace);
-  D* x = ToDevice(hidden);
-  const cudaStream_t s = AsStream(stream);
-  const bool gelu_in_epilogue = OptionsOf(gemm).gelu_tanh_epilogue;
-  const Epilogue ffn_epilogue = gelu_in_epilogue ? Epilogue::kBiasGeluTanh : Epilogue::kBias;
-  auto gemm_bias = [&](const D* in, const T* weight, const T* bias, D* out, int64_t n_out, int64_t k_in,
-                       Epilogue epilogue) {
-    Gemm<D, D>(gemm, in, ToDevice(weight), ToDevice(bias), out, n, n_out, k_in, epilogue, buf.gemm_workspace, stream);
-  };
+  if (batch.num_tokens == 0) return;
+  const EncoderBuffers<D> buf(dims, batch.num_tokens, workspace);
+  const bool gemm_bias_gelu = UsesGemmBiasGelu(gemm, dims, std::is_same_v<D, __half>);
   for (int64_t l = 0; l < dims.num_layers; ++l) {
-    gemm_bias(x, w.qkv_kernel + l * h * 3 * h, w.qkv_bias + l * 3 * h, buf.qkv, 3 * h, h, Epilogue::kBias);
-    LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
-                       dims.head_size(), buf.context, s);
-    gemm_bias(buf.context, w.attention_output_kernel + l * h * h, w.attention_output_bias + l * h, buf.dense, h, h,
-              Epilogue::kBias);
-    LaunchResidualLayerNorm<D>(buf.dense, ToDevice(w.attention_ln_gamma) + l * h,
-                               ToDevice(w.attention_ln_beta) + l * h, n, h, dims.layer_norm_epsilon, x, s);
-    gemm_bias(x, w.intermediate_kernel + l * h * inter, w.intermediate_bias + l * inter, buf.ffn, inter, h,
-              ffn_epilogue);
-    if (!gelu_in_epilogue) LaunchGelu<D>(buf.ffn, n * inter, s);
-    gemm_bias(buf.ffn, w.output_kernel + l * inter * h, w.output_bias + l * h, buf.dense, h, inter, Epilogue::kBias);
-    LaunchResidualLayerNorm<D>(buf.dense, ToDevice(w.output_ln_gamma) + l * h, ToDevice(w.output_ln_beta) + l * h, n,
-                               h, dims.layer_norm_epsilon, x, s);
+    Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, gemm_bias_gelu, ToDevice(hidden), gemm, stream);
   }
 }
 

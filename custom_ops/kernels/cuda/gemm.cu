@@ -1,5 +1,7 @@
 // cuBLASLt GEMMs with a per-shape plan cache and optional autotuning. See gemm.h.
 #include "custom_ops/kernels/cuda/gemm.h"
+#include "custom_ops/kernels/cuda/gemm_context.h"
+#include "custom_ops/kernels/cuda/kernels.h"
 
 #include <cublasLt.h>
 #include <cuda_fp16.h>
@@ -58,8 +60,6 @@ cublasLtEpilogue_t ToCublas(Epilogue e) {
   switch (e) {
     case Epilogue::kBias:
       return CUBLASLT_EPILOGUE_BIAS;
-    case Epilogue::kBiasGeluTanh:
-      return CUBLASLT_EPILOGUE_GELU_BIAS;
     default:
       return CUBLASLT_EPILOGUE_DEFAULT;
   }
@@ -72,6 +72,7 @@ struct GemmContext {
   GemmOptions options;
   std::mutex mutex;  // plans are shared; the bias pointer is set per call, so calls are serialised on the host
   std::map<PlanKey, Plan> plans;
+  GeluPlans gelu_plans;
 };
 
 GemmContext* CreateGemmContext(const GemmOptions& options) {
@@ -99,6 +100,10 @@ void DestroyGemmContext(GemmContext* context) {
 }
 
 const GemmOptions& OptionsOf(const GemmContext* context) { return context->options; }
+
+std::mutex& PlanMutex(GemmContext* context) { return context->mutex; }
+
+GeluPlans& GeluPlansOf(GemmContext* context) { return context->gelu_plans; }
 
 namespace {
 
@@ -138,6 +143,7 @@ cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
     if (results[i].state != CUBLAS_STATUS_SUCCESS || Run(handle, plan, results[i].algo, o) != CUBLAS_STATUS_SUCCESS) {
       continue;
     }
+    LaunchSpin(kSpinCyclesBeforeTiming, o.stream);
     cudaEventRecord(start, o.stream);
     for (int r = 0; r < kAutotuneRepeats; ++r) Run(handle, plan, results[i].algo, o);
     cudaEventRecord(stop, o.stream);

@@ -1,12 +1,15 @@
-// GemmContext: the cuBLASLt handle plus one cached plan (descriptors + chosen algorithm) per GEMM shape.
-// Every GEMM of the encoder is row-major Y[m, n] = X[m, k] @ W[k, n] (+ bias[n], + GELU) with TF's [in, out]
-// kernels, fp16 or fp32 storage, fp32 accumulation. Plans are host-side objects: once a shape has been seen,
-// a call never touches the device beyond the matmul itself, so a CUDA graph captured after the first call
+// GemmContext: the cuBLASLt handle plus one cached plan per GEMM shape, for cuBLASLt (Gemm) and for the FFN's
+// GEMM + GELU (GemmBiasGelu). Every GEMM of the encoder is row-major Y[m, n] = X[m, k] @ W[k, n] (+ bias[n],
+// + GELU) with TF's [in, out] kernels, fp16 or fp32 storage, fp32 accumulation. Plans are host-side objects:
+// once a shape has been seen, a call never touches the device beyond the matmul itself, so a CUDA graph captured after the first call
 // replays the planned algorithm.
 #ifndef BERTSERVE_KERNELS_CUDA_GEMM_H_
 #define BERTSERVE_KERNELS_CUDA_GEMM_H_
 
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <string>
 
 namespace bertserve {
 namespace cuda {
@@ -18,12 +21,12 @@ struct GemmOptions {
   // That first call waits for the device (never while the stream is being captured), so it suits callers that
   // plan shapes ahead (the harness's graph buckets), not a serving op that sees a new token count per batch.
   bool autotune = false;
-  // Fuse GELU into the FFN GEMM's epilogue. cuBLASLt's GELU is the tanh approximation, not BERT's erf form;
-  // off by default (the op contract says erf); the harness measures its speed and error.
-  bool gelu_tanh_epilogue = false;
+  // fp16 encoders run the FFN GEMM + GELU through GemmBiasGelu, which may put GELU in a CUTLASS GEMM's epilogue
+  // instead of a pass of its own over the activations. Off: cuBLASLt and the GELU pass, always.
+  bool fused_epilogues = true;
 };
 
-enum class Epilogue { kNone, kBias, kBiasGeluTanh };
+enum class Epilogue { kNone, kBias };
 
 // Bytes of device scratch one cuBLASLt call may use (the caller's workspace reserves this much).
 constexpr int64_t kGemmWorkspaceBytes = 32ll << 20;
@@ -39,6 +42,18 @@ const GemmOptions& OptionsOf(const GemmContext* context);
 template <typename TIn, typename TOut>
 void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,
           int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream);
+
+// Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation. Two ways, chosen per shape: a
+// CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or cuBLASLt
+// with the bias epilogue followed by a GELU pass, whose GEMM kernels are faster at few tokens. With autotuning,
+// the first call for a shape times both on the real operands; otherwise the CUTLASS GEMM runs from
+// kFusedGeluMinTokens tokens on. n and k must be multiples of 8, pointers 16-byte aligned (TMA).
+constexpr int64_t kFusedGeluMinTokens = 4096;
+void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
+                  int64_t n, int64_t k, void* gemm_workspace, void* stream);
+
+// One line per GemmBiasGelu shape planned so far: "m x n x k: <how it runs>", for benchmarks to report.
+std::string DescribeGeluPlans(GemmContext* context);
 
 }  // namespace cuda
 }  // namespace bertserve

@@ -31,6 +31,11 @@ template <typename T>
 void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t num_tokens, int64_t width,
                              float epsilon, T* hidden, cudaStream_t stream);
 
+// Keeps the stream busy for about `cycles` GPU clocks, so that launches enqueued behind it run back to back when
+// timed: the time measured is the GPU's, not the host's launch overhead.
+void LaunchSpin(int64_t cycles, cudaStream_t stream);
+constexpr int64_t kSpinCyclesBeforeTiming = 2000000;  // ~1 ms, longer than enqueuing a timed series
+
 // x = GELU(x) (erf form) in place over count elements.
 template <typename T>
 void LaunchGelu(T* x, int64_t count, cudaStream_t stream);

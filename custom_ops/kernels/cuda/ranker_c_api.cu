@@ -135,8 +135,9 @@ extern "C" {
 const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
 
 // half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
-// autotune, gelu_tanh_epilogue: GemmOptions (gemm.h).
-void* bertserve_cuda_ranker_create(int half, int autotune, int gelu_tanh_epilogue, int64_t vocab_size, int64_t hidden, int64_t num_heads,
+// autotune, fused_epilogues: GemmOptions (gemm.h).
+void* bertserve_cuda_ranker_create(int half, int autotune, int fused_epilogues, int64_t vocab_size, int64_t hidden,
+                                   int64_t num_heads,
                                    int64_t intermediate, int64_t num_layers, int64_t max_positions,
                                    int64_t type_vocab_size, int64_t num_labels, float layer_norm_epsilon,
                                    const void* const* weights) {
@@ -158,7 +159,7 @@ void* bertserve_cuda_ranker_create(int half, int autotune, int gelu_tanh_epilogu
     try {
       bertserve::cuda::GemmOptions options;
       options.autotune = autotune != 0;
-      options.gelu_tanh_epilogue = gelu_tanh_epilogue != 0;
+      options.fused_epilogues = fused_epilogues != 0;
       r->gemm = bertserve::cuda::CreateGemmContext(options);
     } catch (...) {
       delete r;
@@ -167,6 +168,13 @@ void* bertserve_cuda_ranker_create(int half, int autotune, int gelu_tanh_epilogu
     ranker = r;
   });
   return status == 0 ? ranker : nullptr;
+}
+
+// How the ranker's FFN GEMM + GELU runs for each shape planned so far (gemm.h DescribeGeluPlans).
+const char* bertserve_cuda_ranker_describe_plans(void* ranker) {
+  thread_local std::string description;
+  description = bertserve::cuda::DescribeGeluPlans(static_cast<Ranker*>(ranker)->gemm);
+  return description.c_str();
 }
 
 void bertserve_cuda_ranker_destroy(void* ranker) {

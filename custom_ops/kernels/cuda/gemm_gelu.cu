@@ -1,0 +1,169 @@
+// GemmBiasGelu (gemm.h): per shape, a CUTLASS GEMM with bias + GELU in its epilogue or cuBLASLt + a GELU pass,
+// chosen by a rule or, when autotuning, by timing every candidate on the real operands once.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "custom_ops/kernels/cuda/gemm.h"
+#include "custom_ops/kernels/cuda/gemm_context.h"
+#include "custom_ops/kernels/cuda/gemm_gelu_runners.h"
+#include "custom_ops/kernels/cuda/kernels.h"
+
+namespace bertserve {
+namespace cuda {
+namespace {
+
+using gemm_gelu::Problem;
+using gemm_gelu::Runner;
+
+constexpr int kAutotuneTrials = 3;           // a candidate's time is its best of these (the GPU is shared)
+constexpr float kAutotuneTrialMs = 1.0f;     // each trial repeats the candidate for about this long
+constexpr int kSplitCandidates[] = {2, 3, 4, 6};
+constexpr int64_t kMinKPerSplit = 128;
+constexpr GeluPlan kCublasPlusPass{-1, 0};
+
+const std::vector<Runner>& AllRunners() {
+  static const std::vector<Runner> runners = [] {
+    std::vector<Runner> all = gemm_gelu::CooperativeRunners();
+    const std::vector<Runner>& pingpong = gemm_gelu::PingpongRunners();
+    all.insert(all.end(), pingpong.begin(), pingpong.end());
+    return all;
+  }();
+  return runners;
+}
+
+std::string ShapeOf(const Problem& p) {
+  return "GEMM + GELU [" + std::to_string(p.m) + "x" + std::to_string(p.k) + "] @ [" + std::to_string(p.k) + "x" +
+         std::to_string(p.n) + "]";
+}
+
+int SmCount() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    throw std::runtime_error("cannot read the GPU's multiprocessor count");
+  }
+  return count;
+}
+
+// Enqueues the plan; returns false when a CUTLASS configuration cannot run this shape.
+bool Launch(GemmContext* context, const GeluPlan& plan, const Problem& p, void* workspace, cudaStream_t stream) {
+  if (plan.runner < 0) {
+    Gemm<__half, __half>(context, p.x, p.w, p.bias, p.y, p.m, p.n, p.k, Epilogue::kBias, workspace, stream);
+    LaunchGelu<__half>(p.y, p.m * p.n, stream);
+    return true;
+  }
+  return AllRunners()[plan.runner].run(p, plan.splits, workspace, kGemmWorkspaceBytes, stream) ==
+         cutlass::Status::kSuccess;
+}
+
+std::vector<GeluPlan> Candidates(int64_t k) {
+  std::vector<GeluPlan> out{kCublasPlusPass};
+  const std::vector<Runner>& runners = AllRunners();
+  for (int i = 0; i < static_cast<int>(runners.size()); ++i) {
+    out.push_back({i, 0});
+    if (!runners[i].stream_k) continue;
+    for (const int splits : kSplitCandidates) {
+      if (k >= splits * kMinKPerSplit) out.push_back({i, splits});
+    }
+  }
+  return out;
+}
+
+// Milliseconds per launch of `repeats` back-to-back launches queued behind a spin kernel (so the GPU's time is
+// measured, not the host's); negative if the events fail.
+float TimePlan(GemmContext* context, const GeluPlan& plan, const Problem& p, void* workspace, cudaStream_t stream,
+               int repeats, cudaEvent_t start, cudaEvent_t stop) {
+  LaunchSpin(kSpinCyclesBeforeTiming, stream);
+  cudaEventRecord(start, stream);
+  for (int i = 0; i < repeats; ++i) Launch(context, plan, p, workspace, stream);
+  cudaEventRecord(stop, stream);
+  float ms = 0.f;
+  if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) return -1;
+  return ms / repeats;
+}
+
+// The fastest candidate on these operands (events on the caller's stream; waits for them).
+GeluPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  float best_ms = 1e30f;
+  GeluPlan best = kCublasPlusPass;
+  for (const GeluPlan& plan : Candidates(p.k)) {
+    if (!Launch(context, plan, p, workspace, stream)) continue;  // also the warm-up (and cuBLASLt's own planning)
+    const float once = TimePlan(context, plan, p, workspace, stream, 1, start, stop);
+    if (once < 0) continue;
+    const int repeats = std::max(3, static_cast<int>(kAutotuneTrialMs / std::max(once, 1e-3f)));
+    float ms = once;
+    for (int trial = 0; trial < kAutotuneTrials; ++trial) {
+      const float t = TimePlan(context, plan, p, workspace, stream, repeats, start, stop);
+      if (t >= 0) ms = std::min(ms, t);
+    }
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = plan;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
+}  // namespace
+
+void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
+                  int64_t n, int64_t k, void* gemm_workspace, void* stream) {
+  if (m == 0) return;
+  static const int sm_count = SmCount();
+  const Problem p{x, w, bias, y, m, n, k, sm_count};
+  if (n % 8 != 0 || k % 8 != 0) throw std::runtime_error(ShapeOf(p) + ": n and k must be multiples of 8");
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const GeluPlanKey key{m, n, k};
+  GeluPlan plan{};
+  bool planned = false;
+  {
+    std::lock_guard<std::mutex> lock(PlanMutex(context));
+    const auto it = GeluPlansOf(context).find(key);
+    if (it != GeluPlansOf(context).end()) {
+      plan = it->second;
+      planned = true;
+    }
+  }
+  if (!planned) {
+    plan = m >= kFusedGeluMinTokens ? GeluPlan{0, 0} : kCublasPlusPass;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(s, &capture);
+    if (OptionsOf(context).autotune && capture == cudaStreamCaptureStatusNone) {
+      plan = FastestPlan(context, p, gemm_workspace, s);
+    }
+    std::lock_guard<std::mutex> lock(PlanMutex(context));
+    plan = GeluPlansOf(context).emplace(key, plan).first->second;
+  }
+  if (!Launch(context, plan, p, gemm_workspace, s)) {
+    throw std::runtime_error(ShapeOf(p) + " with tiles " + AllRunners()[plan.runner].name + " failed to launch");
+  }
+}
+
+std::string DescribeGeluPlans(GemmContext* context) {
+  std::lock_guard<std::mutex> lock(PlanMutex(context));
+  std::string out;
+  for (const auto& [key, plan] : GeluPlansOf(context)) {
+    const auto& [m, n, k] = key;
+    out += std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + ": ";
+    if (plan.runner < 0) {
+      out += "cuBLASLt + GELU pass\n";
+    } else {
+      out += std::string("CUTLASS ") + AllRunners()[plan.runner].name +
+             (plan.splits > 1 ? ", split-K " + std::to_string(plan.splits) : std::string()) + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace bertserve

@@ -1,0 +1,109 @@
+// CUTLASS 3 GEMMs for sm90 (TMA loads, wgmma, warp-specialised) with the FFN's bias + GELU in the epilogue:
+// Y = GELU(X W + bias), GELU in BERT's erf form on the fp32 accumulators, rounded to fp16 once. Included by the
+// translation units that instantiate the tile tables (gemm_gelu_cooperative.cu, gemm_gelu_pingpong.cu), which
+// build in parallel.
+//
+// Row-major Y[m, n] = X[m, k] @ W[k, n] is computed as the column-major Z = Y^T = W^T X^T, as on the cuBLASLt
+// path: CUTLASS's M is our n (features), its N our m (tokens); the bias runs along CUTLASS's rows
+// (LinCombPerRowBiasEltAct), W^T is an M-major A operand, X^T a K-major B operand, Y a column-major D.
+#ifndef BERTSERVE_KERNELS_CUDA_GEMM_GELU_KERNELS_CUH_
+#define BERTSERVE_KERNELS_CUDA_GEMM_GELU_KERNELS_CUH_
+
+#include <type_traits>
+
+#include "custom_ops/kernels/cuda/common.cuh"
+#include "custom_ops/kernels/cuda/gemm_gelu_runners.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace bertserve {
+namespace cuda {
+namespace gemm_gelu {
+
+// BERT's GELU as a CUTLASS epilogue activation on the fp32 accumulators: GeluErf (Abramowitz & Stegun erf,
+// branch-free), not cutlass::epilogue::thread::GELU, whose erff costs several times more per element; in a
+// cooperative kernel the epilogue does not overlap the main loop, so its arithmetic adds to the GEMM's time.
+template <class T>
+struct BertGelu {
+  CUTLASS_DEVICE T operator()(const T& x) const { return GeluErf(x); }
+};
+template <class T, int N>
+struct BertGelu<cutlass::Array<T, N>> {
+  CUTLASS_DEVICE cutlass::Array<T, N> operator()(const cutlass::Array<T, N>& x) const {
+    cutlass::Array<T, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = GeluErf(x[i]);
+    return y;
+  }
+};
+
+template <class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule, class Scheduler>
+struct Kernel {
+  using Half = cutlass::half_t;
+  using Layout = cutlass::layout::ColumnMajor;
+  static constexpr int kAlign = 8;  // 16 bytes of fp16: TMA's requirement on every leading dimension
+  using Fusion = cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<BertGelu, Half, float, Half, Half, float>;
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlign, Half, Layout, kAlign,
+      EpilogueSchedule, Fusion>::CollectiveOp;
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Half, Layout, kAlign, Half, Layout, kAlign, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      MainloopSchedule>::CollectiveOp;
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                          CollectiveEpilogue, Scheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  static constexpr bool kStreamK = std::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>;
+
+  static typename Gemm::Arguments Arguments(const Problem& p, int splits) {
+    using GK = typename Gemm::GemmKernel;
+    const int M = static_cast<int>(p.n), N = static_cast<int>(p.m), K = static_cast<int>(p.k);
+    typename Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {M, N, K, 1};
+    args.mainloop.ptr_A = reinterpret_cast<const Half*>(p.w);
+    args.mainloop.dA = cutlass::make_cute_packed_stride(typename GK::StrideA{}, cute::make_shape(M, K, 1));
+    args.mainloop.ptr_B = reinterpret_cast<const Half*>(p.x);
+    args.mainloop.dB = cutlass::make_cute_packed_stride(typename GK::StrideB{}, cute::make_shape(N, K, 1));
+    args.epilogue.ptr_D = reinterpret_cast<Half*>(p.y);
+    args.epilogue.dD = cutlass::make_cute_packed_stride(typename GK::StrideD{}, cute::make_shape(M, N, 1));
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    args.epilogue.thread.bias_ptr = reinterpret_cast<const Half*>(p.bias);
+    args.hw_info.sm_count = p.sm_count;
+    if constexpr (kStreamK) {
+      using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
+      args.scheduler.splits = splits > 1 ? splits : 1;
+      args.scheduler.decomposition_mode = splits > 1 ? Mode::SplitK : Mode::Heuristic;
+    }
+    return args;
+  }
+
+  static cutlass::Status Run(const Problem& p, int splits, void* workspace, size_t workspace_bytes,
+                             cudaStream_t stream) {
+    const typename Gemm::Arguments args = Arguments(p, splits);
+    cutlass::Status status = Gemm::can_implement(args);
+    if (status != cutlass::Status::kSuccess) return status;
+    if (Gemm::get_workspace_size(args) > workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
+    Gemm gemm;
+    status = gemm.initialize(args, workspace, stream);
+    if (status != cutlass::Status::kSuccess) return status;
+    return gemm.run(stream);
+  }
+};
+
+}  // namespace gemm_gelu
+}  // namespace cuda
+}  // namespace bertserve
+
+#endif  // BERTSERVE_KERNELS_CUDA_GEMM_GELU_KERNELS_CUH_
