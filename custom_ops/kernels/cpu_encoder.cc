@@ -157,8 +157,10 @@ void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const Pa
   const int64_t n = batch.num_tokens, hidden = d.hidden, inter = d.intermediate;
   const float eps = d.layer_norm_epsilon;
 
-  LayerGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, packed ? &packed->qkv : nullptr, s.qkv, [&](int64_t c0, int64_t c1) {
-    for (int64_t r = 0; r < n; ++r) AddBias(w.qkv_bias + c0, c1 - c0, s.qkv + r * 3 * hidden + c0);
+  LayerGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, packed ? &packed->qkv : nullptr, s.qkv, [&](const GemmTile& t) {
+    for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+      AddBias(w.qkv_bias + t.col_begin, t.col_end - t.col_begin, s.qkv + r * 3 * hidden + t.col_begin);
+    }
   });
   SelfAttention(d, batch, s.qkv, s.context, pool);
 
@@ -170,8 +172,11 @@ void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const Pa
   });
 
   LayerGemm(pool, n, inter, hidden, x, w.intermediate_kernel, packed ? &packed->intermediate : nullptr,
-            s.intermediate, [&](int64_t c0, int64_t c1) {
-    for (int64_t r = 0; r < n; ++r) AddBiasGelu(w.intermediate_bias + c0, c1 - c0, s.intermediate + r * inter + c0);
+            s.intermediate, [&](const GemmTile& t) {
+    for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+      AddBiasGelu(w.intermediate_bias + t.col_begin, t.col_end - t.col_begin,
+                  s.intermediate + r * inter + t.col_begin);
+    }
   });
   LayerGemm(pool, n, hidden, inter, s.intermediate, w.output_kernel, packed ? &packed->output : nullptr,
             s.projection, {});

@@ -19,8 +19,13 @@ namespace cpu {
 // before calling MKL.
 void UseSequentialMkl();
 
-// Runs on a finished column block [col_begin, col_end) of C (all rows), on the thread that computed it.
-using GemmEpilogue = std::function<void(int64_t col_begin, int64_t col_end)>;
+// A tile of C: rows [row_begin, row_end) of columns [col_begin, col_end), which is column block `block`.
+struct GemmTile {
+  int64_t block, row_begin, row_end, col_begin, col_end;
+};
+
+// Runs on a finished tile of C, on the thread that computed it, while the tile is still in its cache.
+using GemmEpilogue = std::function<void(const GemmTile& tile)>;
 
 // B [k, n] (row-major, contiguous) split into the column blocks ParallelGemm shards over, each block packed into
 // MKL's GEMM layout. Immutable once built, so concurrent GEMMs may share it; it does not refer to b afterwards.
@@ -43,8 +48,9 @@ class PackedMatrix {
 };
 
 // C[m, n] = A[m, k] * B[k, n], all row-major and contiguous. Columns are split into about 2 * pool.num_threads
-// blocks: each shard reads only its slice of B (the weights) and all of A (the tokens), which keeps the weight
-// traffic, the dominant cost at serving batch sizes, at one pass. epilogue may be empty.
+// blocks: each reads only its slice of B (the weights) and all of A (the tokens), which keeps the weight traffic,
+// the dominant cost at serving batch sizes, at one pass. Beyond 512 rows the rows are split into tiles too, each
+// re-reading the weights once. epilogue may be empty.
 void ParallelGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
                   const GemmEpilogue& epilogue);
 
