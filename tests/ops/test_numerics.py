@@ -46,6 +46,15 @@ def test_batch_512_small_hidden():
     check_against_reference(weights, lengths=lengths, seq=8)
 
 
+@pytest.mark.parametrize("lengths,seq", [([5, 33, 1, 17, 64, 2, 9], 64), ([300, 120], 300)],
+                         ids=["seven_rows", "long_rows"])
+def test_twelve_heads_match_reference(lengths, seq):
+    """Attention splits a sequence's heads into groups (by batch size and, for long rows, by scratch size); the
+    last group may be smaller than the others."""
+    weights = BertWeights.random(small_config(hidden=384, heads=12, layers=1, max_positions=seq), seed=16)
+    check_against_reference(weights, lengths=lengths, seq=seq)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_real_minilm_matches_reference(minilm_weights, dtype):
     check_against_reference(minilm_weights, lengths=[32, 7, 20, 1], seq=32, dtype=dtype)
