@@ -68,19 +68,19 @@ def cu_seqlens_of(lengths: np.ndarray) -> np.ndarray:
 
 class CudaRanker:
     """The core's whole ranker forward on fp16 (or float32) weights living on the GPU. autotune and
-    fused_epilogues are the core's GemmOptions: the harness plans every graph bucket before capture, so it
+    custom_gemms are the core's GemmOptions: the harness plans every graph bucket before capture, so it
     can afford to time the GEMM candidates once per shape."""
 
     def __init__(self, lib: ctypes.CDLL, config: Mapping[str, float], weights: Mapping[str, torch.Tensor],
                  dtype: torch.dtype, max_batch: int, seq: int, autotune: bool = True,
-                 fused_epilogues: bool = True):
+                 custom_gemms: bool = True):
         self.lib, self.dtype, self.seq, self.max_batch = lib, dtype, seq, max_batch
         self.hidden = int(config["hidden_size"])
         fused = fuse_qkv(weights)
         self.weights = {k: fused[k].to("cuda", dtype).contiguous() for k in WEIGHT_ORDER}
         pointers = (ctypes.c_void_p * len(WEIGHT_ORDER))(*[self.weights[k].data_ptr() for k in WEIGHT_ORDER])
         self.handle = lib.bertserve_cuda_ranker_create(
-            int(dtype == torch.float16), int(autotune), int(fused_epilogues),
+            int(dtype == torch.float16), int(autotune), int(custom_gemms),
             config["vocab_size"], config["hidden_size"], config["num_attention_heads"],
             config["intermediate_size"], config["num_hidden_layers"], config["max_position_embeddings"],
             config["type_vocab_size"], config["num_labels"], float(config["layer_norm_eps"]), pointers)

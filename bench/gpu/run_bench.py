@@ -145,7 +145,7 @@ def check_model(lib, config: dict, w32: dict[str, torch.Tensor], ids: np.ndarray
             entry["hidden_vs_float64_reference"] = compare(hidden, torch.as_tensor(float64_ref["hidden"]))
         out[label] = entry
         ranker.close()
-    for label, options in (("fp16_cublaslt", {"fused_epilogues": False}),):
+    for label, options in (("fp16_cublaslt", {"custom_gemms": False}),):
         ranker = core.CudaRanker(lib, config, w16_as32, torch.float16, len(lengths), seq, **options)
         out[label] = {"scores_vs_torch_fp32": compare(ranker.forward(ids_t, seg_t, lengths), ref_scores),
                       "graph_scores_vs_torch_fp32": compare(ranker.forward_graph(ids_t, seg_t, lengths), ref_scores)}
@@ -230,8 +230,8 @@ def stage_check(res: Results, lib) -> None:
     ids_b, seg_b, lengths_b = (big.integers(1000, cfg["vocab_size"], (512, SEQ)).astype(np.int32),
                                np.zeros((512, SEQ), np.int32), big.integers(1, SEQ + 1, 512).astype(np.int32))
     checks["chitchat_random_batch512_U1_32"] = check_model(lib, cfg, w32, ids_b, seg_b, lengths_b)
-    # A few rows (<= 32 tokens): the batch-of-one regime, cuBLASLt's small-m kernels.
-    for lengths_s in (np.array([1, 9, 15], np.int32), np.array([3, 17, 12], np.int32)):
+    # A few rows (<= 64 tokens): the batch-of-one regime, where every GEMM is a stream of weights.
+    for lengths_s in (np.array([1, 9, 15], np.int32), np.array([3, 17, 12], np.int32), np.array([20, 32, 9], np.int32)):
         n = int(lengths_s.sum())
         checks[f"chitchat_random_{n}_tokens"] = check_model(lib, cfg, w32, ids[: len(lengths_s)],
                                                             seg[: len(lengths_s)], lengths_s)
@@ -270,7 +270,7 @@ def stage_time(res: Results, quick: bool) -> None:
     batches = (1, 32, 2048) if quick else BATCHES
     ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ)
     variants = {"core_cublaslt_graph_ms": core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ,
-                                                          fused_epilogues=False)}
+                                                          custom_gemms=False)}
     del w32
     torch.manual_seed(0)
     hand = torch_models.HandRanker(cfg).cuda().half().eval()

@@ -1,5 +1,5 @@
 """Small forwards of every kernel variant, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
-fp16 (CUTLASS fused GEMMs; cuBLASLt) and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the fused attention's three sizes) and 200 (the
+fp16 (with the CUTLASS GEMM + GELU; cuBLASLt only) and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the fused attention's three sizes) and 200 (the
 streaming attention), a batch of 27 tokens (small-m GEMMs), a graph bucket with scratch rows, and the
 padding ops.
 
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
                 lengths = np.concatenate([[0, 1, seq], rng.integers(0, seq + 1, 5)]).astype(np.int32)
             ids = torch.as_tensor(rng.integers(0, 1000, (len(lengths), seq)), dtype=torch.int32, device="cuda")
             seg = torch.zeros_like(ids)
-            for dtype, options in ((torch.float16, {}), (torch.float16, {"fused_epilogues": False}),
+            for dtype, options in ((torch.float16, {}), (torch.float16, {"custom_gemms": False}),
                                    (torch.float32, {})):
                 ranker = core.CudaRanker(lib, cfg, w, dtype, len(lengths), seq, autotune=False, **options)
                 scores = ranker.forward(ids, seg, lengths)

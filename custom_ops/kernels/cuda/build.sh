@@ -40,6 +40,10 @@ for pid in "${pids[@]}"; do wait "$pid"; done
 cublaslt=$(ls "$cublas"/lib*/libcublasLt.so* | head -1)
 "$cuda/bin/nvcc" -shared -cudart static -o "$out/libbertserve_cuda.so" "${core_objs[@]}" "$out/ranker_c_api.o" \
   -L"$(dirname "$cublaslt")" -l:"$(basename "$cublaslt")" -Xlinker -rpath -Xlinker "$(dirname "$cublaslt")"
+if nm -C --undefined-only "$out/libbertserve_cuda.so" | grep bertserve; then
+  echo "libbertserve_cuda.so leaves core symbols undefined (a source missing above?)" >&2
+  exit 1
+fi
 echo "built $out/libbertserve_cuda.so"
 [[ ${2:-} == --tf ]] || exit 0
 read -r -a tf_cflags <<<"$(TF_CPP_MIN_LOG_LEVEL=3 "$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))')"

@@ -100,14 +100,14 @@ void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int
 
 namespace {
 
-// GELU goes through GemmBiasGelu (which may fuse it into a CUTLASS GEMM's epilogue) for fp16 with fused_epilogues.
-bool UsesGemmBiasGelu(const GemmContext* gemm, const EncoderDims& dims, bool half) {
-  return half && OptionsOf(gemm).fused_epilogues && dims.hidden % 8 == 0 && dims.intermediate % 8 == 0;
+// fp16 with custom_gemms: the FFN GEMM + GELU through GemmBiasGelu (see gemm.h).
+bool UsesCustomGemms(const GemmContext* gemm, const EncoderDims& dims, bool half) {
+  return half && OptionsOf(gemm).custom_gemms && dims.hidden % 8 == 0 && dims.intermediate % 8 == 0;
 }
 
 template <typename D>
 void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
-           bool gemm_bias_gelu, D* x, GemmContext* gemm, void* stream) {
+           bool custom_gemms, D* x, GemmContext* gemm, void* stream) {
   const int64_t n = batch.num_tokens, h = dims.hidden, inter = dims.intermediate;
   const cudaStream_t s = AsStream(stream);
   auto gemm_bias = [&](const D* in, const D* weight, const D* bias, D* out, int64_t n_out, int64_t k_in) {
@@ -120,12 +120,12 @@ void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch&
   LaunchResidualLayerNorm<D>(buf.dense, w.attention_ln_gamma, w.attention_ln_beta, n, h, dims.layer_norm_epsilon, x,
                              s);
   if constexpr (std::is_same_v<D, __half>) {
-    if (gemm_bias_gelu) {
+    if (custom_gemms) {
       GemmBiasGelu(gemm, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, n, inter, h, buf.gemm_workspace,
                    stream);
     }
   }
-  if (!gemm_bias_gelu) {
+  if (!custom_gemms) {
     gemm_bias(x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, inter, h);
     LaunchGelu<D>(buf.ffn, n * inter, s);
   }
@@ -142,9 +142,9 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBa
   using D = DeviceT<T>;
   if (batch.num_tokens == 0) return;
   const EncoderBuffers<D> buf(dims, batch.num_tokens, workspace);
-  const bool gemm_bias_gelu = UsesGemmBiasGelu(gemm, dims, std::is_same_v<D, __half>);
+  const bool custom_gemms = UsesCustomGemms(gemm, dims, std::is_same_v<D, __half>);
   for (int64_t l = 0; l < dims.num_layers; ++l) {
-    Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, gemm_bias_gelu, ToDevice(hidden), gemm, stream);
+    Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, custom_gemms, ToDevice(hidden), gemm, stream);
   }
 }
 

@@ -23,7 +23,7 @@ struct GemmOptions {
   bool autotune = false;
   // fp16 encoders run the FFN GEMM + GELU through GemmBiasGelu, which may put GELU in a CUTLASS GEMM's epilogue
   // instead of a pass of its own over the activations. Off: cuBLASLt and the GELU pass, always.
-  bool fused_epilogues = true;
+  bool custom_gemms = true;
 };
 
 enum class Epilogue { kNone, kBias };
@@ -43,11 +43,11 @@ template <typename TIn, typename TOut>
 void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,
           int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream);
 
-// Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation. Two ways, chosen per shape: a
-// CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or cuBLASLt
-// with the bias epilogue followed by a GELU pass, whose GEMM kernels are faster at few tokens. With autotuning,
-// the first call for a shape times both on the real operands; otherwise the CUTLASS GEMM runs from
-// kFusedGeluMinTokens tokens on. n and k must be multiples of 8, pointers 16-byte aligned (TMA).
+// Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation, one of two ways, chosen per shape: a CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32
+// epilogue, which saves a pass over Y, or cuBLASLt with the bias epilogue followed by a GELU pass, faster at a
+// few hundred tokens. With autotuning, the first call for a shape times both on the real operands; otherwise
+// the CUTLASS GEMM runs from kFusedGeluMinTokens tokens on. n and k must be multiples of 8, pointers 16-byte
+// aligned (TMA).
 constexpr int64_t kFusedGeluMinTokens = 4096;
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream);

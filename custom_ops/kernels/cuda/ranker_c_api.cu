@@ -135,8 +135,8 @@ extern "C" {
 const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
 
 // half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
-// autotune, fused_epilogues: GemmOptions (gemm.h).
-void* bertserve_cuda_ranker_create(int half, int autotune, int fused_epilogues, int64_t vocab_size, int64_t hidden,
+// autotune, custom_gemms: GemmOptions (gemm.h).
+void* bertserve_cuda_ranker_create(int half, int autotune, int custom_gemms, int64_t vocab_size, int64_t hidden,
                                    int64_t num_heads,
                                    int64_t intermediate, int64_t num_layers, int64_t max_positions,
                                    int64_t type_vocab_size, int64_t num_labels, float layer_norm_epsilon,
@@ -159,7 +159,7 @@ void* bertserve_cuda_ranker_create(int half, int autotune, int fused_epilogues, 
     try {
       bertserve::cuda::GemmOptions options;
       options.autotune = autotune != 0;
-      options.fused_epilogues = fused_epilogues != 0;
+      options.custom_gemms = custom_gemms != 0;
       r->gemm = bertserve::cuda::CreateGemmContext(options);
     } catch (...) {
       delete r;
