@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU harness as one device call (from the repository root, with .device_carry made by prepare_carry.py):
 # build + correctness, compute-sanitizer memcheck over every kernel variant, then timings, per-kernel profile,
-# serving replay and torch.compile, each stage in its own process so a failure in one keeps the others' numbers.
+# serving replay, torch.compile and sustained clocks, each stage in its own process so a failure in one keeps the
+# others' numbers.
 # The GPU machine has no CUTLASS headers and no network: the core is built on the development machine
 # (custom_ops/kernels/cuda/build.sh .device_carry/cuda, nvcc 13 for sm_90a) and carried; without that library
 # the build stage runs here. Results land in $OUT/{check,perf}/gpu_bench.json and gpu_bench_table.md; logs in
@@ -18,7 +19,7 @@ grep -E "fp16_worst|failed|Error" "$out/check.log"
 (cd bench/gpu && timeout 170 compute-sanitizer --tool memcheck --error-exitcode 9 python3 sanitize_core.py \
   "$OLDPWD/$lib_dir/libbertserve_cuda.so" >"$out/memcheck.log" 2>&1; echo "memcheck rc=$?")
 tail -2 "$out/memcheck.log"
-timeout 330 python3 bench/gpu/run_bench.py --stages time,profile,replay,compile --build-dir "$lib_dir" \
+timeout 330 python3 bench/gpu/run_bench.py --stages time,profile,replay,compile,sustain --build-dir "$lib_dir" \
   --out "$out/perf" >"$out/perf.log" 2>&1
 grep -E "failed|Error" "$out/perf.log"
 cat "$out/perf/gpu_bench_table.md"

@@ -2,7 +2,7 @@
 it against PyTorch fp16 in the same process, replay serving traffic, and write gpu_bench.json + a README table.
 
 Usage (on the GPU machine, from the repository root):
-  python3 bench/gpu/run_bench.py [--stages build,check,time,profile,replay,compile] [--out DIR] [--quick]
+  python3 bench/gpu/run_bench.py [--stages build,check,time,profile,replay,compile,sustain] [--out DIR] [--quick]
 Stages run in order; the JSON is rewritten after each, so a cut-off run still returns what it measured.
 """
 
@@ -323,6 +323,45 @@ def stage_time(res: Results, quick: bool) -> None:
         r.close()
 
 
+def stage_sustain(res: Results) -> None:
+    """Clocks and power while one large batch runs back to back for a few seconds, beside the same forward timed
+    in short bursts: whether sustained throughput is limited by the GPU's power budget."""
+    cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
+    w32 = to_torch(weights_mod.BertWeights.random(weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    bs = 8192
+    ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, bs, SEQ)
+    lengths = lengths_for("U8_32", bs, np.random.default_rng(10))
+    ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
+    graph = ranker.graph_for(bs, core.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths)))
+    query = "--query-gpu=clocks.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
+    smi = subprocess.Popen(["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    t_end = time.time() + 6.0
+    while time.time() < t_end:
+        a.record(); graph.replay(); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b))
+    time.sleep(0.3)
+    smi.terminate()
+    samples = [line.split(", ") for line in smi.communicate()[0].strip().splitlines()]
+    torch.cuda.synchronize()
+    time.sleep(3.0)  # idle, then one short burst
+    burst = []
+    for _ in range(3):
+        a.record(); graph.replay(); b.record(); b.synchronize()
+        burst.append(a.elapsed_time(b))
+    out = {"batch": bs, "lengths": "U8_32", "replays": len(times), "first_3_ms": [round(t, 3) for t in times[:3]],
+           "last_3_ms": [round(t, 3) for t in times[-3:]], "median_ms": round(float(np.median(times)), 3),
+           "burst_after_3s_idle_ms": [round(t, 3) for t in burst],
+           "nvidia_smi_samples": {"fields": query.split("=")[1].split(","), "rows": samples}}
+    print(json.dumps({k: v for k, v in out.items() if k != "nvidia_smi_samples"}), flush=True)
+    print(samples[:3], samples[-3:], flush=True)
+    res.data["sustained"] = out
+    ranker.graphs.clear()
+    ranker.close()
+
+
 def stage_compile(res: Results) -> None:
     cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
     torch.manual_seed(0)
@@ -446,7 +485,7 @@ def readme_table(data: dict) -> str:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--stages", default="build,check,time,profile,replay,compile")
+    p.add_argument("--stages", default="build,check,time,profile,replay,compile,sustain")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--build-dir", default="/tmp/bertserve_cuda_build",
                    help="where the build stage writes libbertserve_cuda.so, or where a prebuilt one is read")
@@ -462,7 +501,7 @@ def main(argv: list[str]) -> int:
     res.save()
     for name, fn in (("check", lambda: stage_check(res, res.lib)), ("time", lambda: stage_time(res, args.quick)),
                      ("profile", lambda: stage_profile(res)), ("replay", lambda: stage_replay(res, args.quick)),
-                     ("compile", lambda: stage_compile(res))):
+                     ("compile", lambda: stage_compile(res)), ("sustain", lambda: stage_sustain(res))):
         if name not in stages:
             continue
         t0 = time.time()
