@@ -7,11 +7,13 @@ the stock TF graph via tf2onnx (which the optimizer cannot fuse) and Hugging Fac
 fuses fully); ratios are quoted against the faster of the two.
 
 Two timings per configuration, both reported:
-- alone: each engine called back to back in its own block, as a serving process that holds one model sees it;
+- alone: each engine called back to back in blocks of its own calls, as a serving process that holds one model
+  sees it (engines take turns block by block);
 - round robin: engines take turns call by call, so a noisy neighbour on the shared CPU slows every engine alike.
   ONNX Runtime's worker threads keep spinning for tens of milliseconds after a run by default, which on 2 cores
   slows whichever engine runs next by about a fifth; for this timing its sessions stop spinning when a run ends
   (session.force_spinning_stop), the alone timing uses its defaults.
+Before each configuration the bench waits for the shared CPUs to go idle (recorded per row as machine_before).
 
     python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--out bench/results/cpu_encoder.json]
 """
@@ -32,6 +34,11 @@ import numpy as np
 
 SEQ = 32
 MIN_CALLS = 5
+ALONE_BLOCKS = 4
+# Before each configuration the bench waits (up to IDLE_WAIT_SECONDS) for the CPUs to be idle below this busy
+# percentage, so that a burst of other work on the shared machine does not start inside it.
+IDLE_BUSY_PERCENT = 15.0
+IDLE_WAIT_SECONDS = 600.0
 ORT_ENGINES = ("ort_tf2onnx", "ort_hf_fused")
 # ONNX Runtime session config for the round-robin timing: no spinning threads left behind after a run.
 ORT_STOP_SPINNING = {"session.force_spinning_stop": "1"}
@@ -131,6 +138,19 @@ def ratio(seq_per_s: dict[str, float], other: str) -> float:
     return round(seq_per_s["fused"] / seq_per_s[other], 3)
 
 
+def wait_for_idle_cpus() -> dict:
+    """Waits until the CPUs are idle (busy below IDLE_BUSY_PERCENT over one second) or IDLE_WAIT_SECONDS pass;
+    returns the seconds waited, the last busy percentage and the load average, for the record."""
+    import psutil
+
+    start = time.monotonic()
+    busy = psutil.cpu_percent(interval=1.0)
+    while busy >= IDLE_BUSY_PERCENT and time.monotonic() - start < IDLE_WAIT_SECONDS:
+        busy = psutil.cpu_percent(interval=1.0)
+    return {"waited_s": round(time.monotonic() - start, 1), "cpu_busy_percent": busy,
+            "load_average": os.getloadavg()}
+
+
 def timed_call(run: Engine, inputs: tuple[np.ndarray, ...]) -> float:
     start = time.perf_counter()
     run(*inputs)
@@ -149,13 +169,17 @@ def time_round_robin(engines: dict[str, Engine], inputs: tuple[np.ndarray, ...],
 
 
 def time_alone(engines: dict[str, Engine], inputs: tuple[np.ndarray, ...], seconds: float) -> dict:
-    """Each engine in its own block: warm, then back-to-back calls for ~seconds; per-call seconds per engine."""
-    calls: dict[str, list[float]] = {}
-    for name, run in engines.items():
-        run(*inputs)
-        calls[name] = []
-        while sum(calls[name]) < seconds or len(calls[name]) < MIN_CALLS:
-            calls[name].append(timed_call(run, inputs))
+    """Each engine in blocks of its own back-to-back calls (the first call of a block warms up, untimed), engines
+    taking turns block by block for ALONE_BLOCKS rounds, so that a burst of other work on the shared CPU spreads
+    over the engines rather than landing on one; per-call seconds per engine, ~seconds each."""
+    calls: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(ALONE_BLOCKS):
+        for name, run in engines.items():
+            run(*inputs)
+            block_calls: list[float] = []
+            while sum(block_calls) < seconds / ALONE_BLOCKS or len(block_calls) < MIN_CALLS // ALONE_BLOCKS + 1:
+                block_calls.append(timed_call(run, inputs))
+            calls[name] += block_calls
     return calls
 
 
@@ -204,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                 scores = {name: run(*inputs) for name, run in alone.items()}
                 agreement = max(float(np.abs(scores[n] - scores["stock_tf"]).max()) for n in scores)
                 row = {"load": load, "batch": batch, "real_tokens_per_seq": float(inputs[1].sum() / batch),
+                       "machine_before": wait_for_idle_cpus(),
                        "alone": summarize(time_alone(alone, inputs, args.seconds), batch),
                        "round_robin": summarize(time_round_robin(round_robin, inputs, args.seconds), batch),
                        "max_score_difference_vs_stock_tf": agreement}
@@ -226,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             "ort_hf_fused": "same weights as Hugging Face BERT via torch.onnx + the same optimizer (fully fused)",
         },
         "timing": {
-            "alone": "each engine in its own block of back-to-back calls, ONNX Runtime with its default settings",
+            "alone": f"each engine in blocks of back-to-back calls (first call of a block untimed), engines taking "
+                     f"turns block by block, {ALONE_BLOCKS} blocks each; ONNX Runtime with its default settings",
             "round_robin": "engines take turns call by call; ONNX Runtime sessions with "
                            "session.force_spinning_stop=1, so no engine's idle-spinning threads run into the next "
                            "engine's call",
