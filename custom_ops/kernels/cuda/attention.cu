@@ -61,6 +61,7 @@ template <int D, int kMaxKeys>
 __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
     FusedShortAttentionKernel(const __half* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                               float scale_log2, __half* __restrict__ context) {
+  WaitForPrecedingKernels();
   constexpr int kLd = D + 8;  // +16 bytes per row: the 8 rows an ldmatrix reads hit distinct banks
   constexpr int kKeyTiles = kMaxKeys / 8;
   constexpr int kDimTiles = D / 8;
@@ -192,6 +193,7 @@ template <typename T>
 __global__ void __launch_bounds__(kStreamingWarps * 32)
     StreamingAttentionKernel(const T* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                              int head_size, float scale_log2, T* __restrict__ context) {
+  WaitForPrecedingKernels();
   const int row = blockIdx.x, head = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int begin = cu_seqlens[row];
@@ -248,9 +250,9 @@ void LaunchFusedFor(const __half* qkv, const int32_t* cu_seqlens, int64_t batch,
                   "FusedShortAttentionKernel shared memory");
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads));
-  FusedShortAttentionKernel<D, kMaxKeys><<<grid, kMaxKeys / 16 * 32, kSmem, stream>>>(
-      qkv, cu_seqlens, static_cast<int>(num_heads * D), scale_log2, context);
-  CheckLaunch("FusedShortAttentionKernel");
+  LaunchAfterPredecessor("FusedShortAttentionKernel", FusedShortAttentionKernel<D, kMaxKeys>, grid,
+                         kMaxKeys / 16 * 32, kSmem, stream, qkv, cu_seqlens, static_cast<int>(num_heads * D),
+                         scale_log2, context);
 }
 
 template <int D>
@@ -270,9 +272,9 @@ void LaunchStreaming(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads),
                   static_cast<unsigned>(CeilDiv(max_seqlen, kStreamingWarps)));
-  StreamingAttentionKernel<T><<<grid, kStreamingWarps * 32, 0, stream>>>(
-      qkv, cu_seqlens, static_cast<int>(num_heads * head_size), static_cast<int>(head_size), scale_log2, context);
-  CheckLaunch("StreamingAttentionKernel");
+  LaunchAfterPredecessor("StreamingAttentionKernel", StreamingAttentionKernel<T>, grid, kStreamingWarps * 32, 0,
+                         stream, qkv, cu_seqlens, static_cast<int>(num_heads * head_size),
+                         static_cast<int>(head_size), scale_log2, context);
 }
 
 }  // namespace

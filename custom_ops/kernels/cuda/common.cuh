@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "custom_ops/kernels/bert_core.h"
 
@@ -106,6 +107,28 @@ __device__ __forceinline__ int RowOfToken(const int32_t* cu_seqlens, int batch, 
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Programmatic dependent launch: a kernel launched with LaunchAfterPredecessor may be scheduled while the kernel
+// before it on the stream is still draining (its launch overlaps that tail, ~1-2 us a boundary at small batch),
+// so it must call WaitForPrecedingKernels before it touches memory: that returns once the preceding kernel has
+// completed and its writes are visible. Captured into CUDA graphs as programmatic edges.
+__device__ __forceinline__ void WaitForPrecedingKernels() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+template <typename... KernelArgs, typename... Args>
+void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  ThrowIfFailed(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
+}
 
 // GELU in BERT's erf form, x * Phi(x), with Phi from Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7, below
 // fp16 resolution): one reciprocal, one exp and five FMAs, no branches, where erff costs several times that

@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ gamma, const T* __restrict__ beta, int vocab_size, int type_vocab_size,
     const int32_t* __restrict__ input_ids, const int32_t* __restrict__ segment_ids, int seq,
     const int32_t* __restrict__ cu_seqlens, int batch, int num_tokens, int width, float epsilon, T* __restrict__ out) {
+  WaitForPrecedingKernels();
   using V = Vec2<T>;
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -87,6 +88,7 @@ template <typename T, int kPairs>
 __global__ void __launch_bounds__(kThreads)
     ResidualLayerNormKernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
                             int num_tokens, int width, float epsilon, T* __restrict__ hidden) {
+  WaitForPrecedingKernels();
   using V = Vec2<T>;
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -132,6 +134,7 @@ void CheckWidth(int64_t width) {
 // count % vector tail is done by the first threads.
 template <typename T>
 __global__ void GeluKernel(T* __restrict__ x, int64_t count) {
+  WaitForPrecedingKernels();
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
   const int64_t vectors = count / kVec;
@@ -164,6 +167,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) GatherFirstTokenKernel(const T* __restrict__ packed, int width,
                                                                    const int32_t* __restrict__ cu_seqlens, int batch,
                                                                    T* __restrict__ first) {
+  WaitForPrecedingKernels();
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (b >= batch) return;
@@ -178,6 +182,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RemovePaddingKernel(const T* __restrict__ padded, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                         int batch, int num_tokens, T* __restrict__ packed) {
+  WaitForPrecedingKernels();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (t >= num_tokens) return;
@@ -192,6 +197,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RebuildPaddingKernel(const T* __restrict__ packed, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                          int batch, T* __restrict__ padded) {
+  WaitForPrecedingKernels();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
   if (row >= batch * seq) return;
@@ -208,6 +214,7 @@ __global__ void __launch_bounds__(kThreads)
     RankerHeadKernel(const float* __restrict__ pooled, const T* __restrict__ pooler_bias,
                      const T* __restrict__ classifier_kernel, const T* __restrict__ classifier_bias, int width,
                      int num_labels, float* __restrict__ scores) {
+  WaitForPrecedingKernels();
   // One block per row: a warp per row walked the row 32 loads at a time, latency-bound (8 us at batch 1).
   __shared__ float partial[2][kWarpsPerBlock];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -251,11 +258,10 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
   CheckWidth(hidden);
   if (num_tokens == 0) return;
   DispatchPairs(hidden, [&]<int kPairs>() {
-    EmbeddingLayerNormKernel<T, kPairs><<<WarpBlocks(num_tokens), kThreads, 0, stream>>>(
-        word, position, token_type, gamma, beta, vocab_size, type_vocab_size, input_ids, segment_ids, seq, cu_seqlens,
-        batch, num_tokens, hidden, epsilon, out);
+    LaunchAfterPredecessor("EmbeddingLayerNormKernel", EmbeddingLayerNormKernel<T, kPairs>, WarpBlocks(num_tokens),
+                           kThreads, 0, stream, word, position, token_type, gamma, beta, vocab_size, type_vocab_size,
+                           input_ids, segment_ids, seq, cu_seqlens, batch, num_tokens, hidden, epsilon, out);
   });
-  CheckLaunch("EmbeddingLayerNormKernel");
 }
 
 template <typename T>
@@ -264,10 +270,9 @@ void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t 
   CheckWidth(width);
   if (num_tokens == 0) return;
   DispatchPairs(width, [&]<int kPairs>() {
-    ResidualLayerNormKernel<T, kPairs>
-        <<<WarpBlocks(num_tokens), kThreads, 0, stream>>>(x, gamma, beta, num_tokens, width, epsilon, hidden);
+    LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs>, WarpBlocks(num_tokens),
+                           kThreads, 0, stream, x, gamma, beta, num_tokens, width, epsilon, hidden);
   });
-  CheckLaunch("ResidualLayerNormKernel");
 }
 
 namespace {
@@ -290,34 +295,31 @@ void LaunchGelu(T* x, int64_t count, cudaStream_t stream) {
   if (count == 0) return;
   const int64_t vectors = std::max<int64_t>(1, count / (16 / sizeof(T)));
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(vectors, 256), 132 * 8));
-  GeluKernel<T><<<blocks, 256, 0, stream>>>(x, count);
-  CheckLaunch("GeluKernel");
+  LaunchAfterPredecessor("GeluKernel", GeluKernel<T>, blocks, 256, 0, stream, x, count);
 }
 
 template <typename T>
 void LaunchGatherFirstToken(const T* packed, int64_t hidden, const int32_t* cu_seqlens, int64_t batch, T* first,
                             cudaStream_t stream) {
   if (batch == 0) return;
-  GatherFirstTokenKernel<T><<<WarpBlocks(batch), kThreads, 0, stream>>>(packed, hidden, cu_seqlens, batch, first);
-  CheckLaunch("GatherFirstTokenKernel");
+  LaunchAfterPredecessor("GatherFirstTokenKernel", GatherFirstTokenKernel<T>, WarpBlocks(batch), kThreads, 0, stream,
+                         packed, hidden, cu_seqlens, batch, first);
 }
 
 template <typename T>
 void LaunchRemovePadding(const T* padded, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
                          int64_t num_tokens, T* packed, cudaStream_t stream) {
   if (num_tokens == 0) return;
-  RemovePaddingKernel<T>
-      <<<WarpBlocks(num_tokens), kThreads, 0, stream>>>(padded, seq, hidden, cu_seqlens, batch, num_tokens, packed);
-  CheckLaunch("RemovePaddingKernel");
+  LaunchAfterPredecessor("RemovePaddingKernel", RemovePaddingKernel<T>, WarpBlocks(num_tokens), kThreads, 0, stream,
+                         padded, seq, hidden, cu_seqlens, batch, num_tokens, packed);
 }
 
 template <typename T>
 void LaunchRebuildPadding(const T* packed, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
                           T* padded, cudaStream_t stream) {
   if (batch * seq == 0) return;
-  RebuildPaddingKernel<T>
-      <<<WarpBlocks(batch * seq), kThreads, 0, stream>>>(packed, seq, hidden, cu_seqlens, batch, padded);
-  CheckLaunch("RebuildPaddingKernel");
+  LaunchAfterPredecessor("RebuildPaddingKernel", RebuildPaddingKernel<T>, WarpBlocks(batch * seq), kThreads, 0, stream,
+                         packed, seq, hidden, cu_seqlens, batch, padded);
 }
 
 template <typename T>
@@ -325,9 +327,8 @@ void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classi
                       const T* classifier_bias, int64_t batch, int64_t hidden, int64_t num_labels, float* scores,
                       cudaStream_t stream) {
   if (batch == 0) return;
-  RankerHeadKernel<T><<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(
-      pooled, pooler_bias, classifier_kernel, classifier_bias, hidden, num_labels, scores);
-  CheckLaunch("RankerHeadKernel");
+  LaunchAfterPredecessor("RankerHeadKernel", RankerHeadKernel<T>, static_cast<unsigned>(batch), kThreads, 0, stream,
+                         pooled, pooler_bias, classifier_kernel, classifier_bias, hidden, num_labels, scores);
 }
 
 #define BERTSERVE_INSTANTIATE_ELEMENTWISE(T)                                                                       \

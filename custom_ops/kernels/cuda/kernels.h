@@ -1,6 +1,8 @@
 // Launchers of the CUDA core's own kernels (the GEMMs are in gemm.h). T is __half or float; every pointer is
 // device memory except where a name ends in _host; every launcher only enqueues on `stream` and throws
-// std::runtime_error if the launch fails.
+// std::runtime_error if the launch fails. The kernels are launched with programmatic dependent launch
+// (LaunchAfterPredecessor in common.cuh): each may be scheduled while the kernel before it drains and waits on the
+// device for that kernel's results before touching memory.
 //
 // Packed rows: a launcher given num_tokens treats rows at or past cu_seqlens[batch] as scratch (a CUDA graph
 // captured for a token-count bucket runs with num_tokens >= the real count): they may be computed, never read
