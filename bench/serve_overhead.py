@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,10 +32,9 @@ import grpc
 import numpy as np
 import requests
 import tensorflow as tf
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bertserve.client.server_process import free_port
+from bertserve.client.server_process import launch
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
 from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
@@ -81,35 +79,24 @@ class Server:
     """A `bertserve serve` process with gRPC, and REST for its Prometheus metrics."""
 
     def __init__(self, name: str, base_path: str, batching: str | None):
-        self.port, self.rest_port = free_port(), free_port()
         self.files = tempfile.TemporaryDirectory()
         monitoring = os.path.join(self.files.name, "monitoring.config")
         with open(monitoring, "w", encoding="utf-8") as handle:
             handle.write(f'prometheus_config {{ enable: true path: "{METRICS_PATH}" }}')
-        flags = [f"--port={self.port}", f"--rest_api_port={self.rest_port}", f"--model_name={name}",
-                 f"--model_base_path={base_path}", f"--monitoring_config_file={monitoring}"]
+        flags = [f"--model_name={name}", f"--model_base_path={base_path}", f"--monitoring_config_file={monitoring}"]
         if batching is not None:
             batching_file = os.path.join(self.files.name, "batching.txt")
             with open(batching_file, "w", encoding="utf-8") as handle:
                 handle.write(batching)
             flags += ["--enable_batching", f"--batching_parameters_file={batching_file}"]
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-        self.proc = subprocess.Popen([sys.executable, "-m", "bertserve.cli", "serve", *flags], cwd=REPO_ROOT,
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.server = launch(flags, None, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        self.server.wait_serving(120.0)
+        self.channel = grpc.insecure_channel(self.server.target)
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
-        health = health_pb2_grpc.HealthStub(self.channel)
-        for _ in range(600):
-            try:
-                if health.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                    return
-            except grpc.RpcError:
-                time.sleep(0.2)
-        raise RuntimeError("server did not become ready")
 
     def batch_sizes(self) -> tuple[float, float]:
         """(rows, batches) run so far, from the server's bertserve_batch_size histogram."""
-        text = requests.get(f"http://127.0.0.1:{self.rest_port}{METRICS_PATH}", timeout=30).text
+        text = requests.get(f"http://{self.server.rest_target}{METRICS_PATH}", timeout=30).text
         totals = {"sum": 0.0, "count": 0.0}
         for line in text.splitlines():
             for kind in totals:
@@ -118,8 +105,7 @@ class Server:
         return totals["sum"], totals["count"]
 
     def close(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
+        self.server.stop()
         self.channel.close()
         self.files.cleanup()
 

@@ -1,5 +1,6 @@
 """Starts and stops `bertserve serve` as a child process: the tuner restarts it for every batching parameter set
-(TF Serving reads batching parameters once, at start), and the demo and tests run against the real server."""
+(TF Serving reads batching parameters once, at start), and the demo, the tests and the benchmarks run against the
+real server. The one place that launches it and waits for it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.State.AVAILABLE
@@ -30,7 +32,7 @@ class ServerProcess:
     process: subprocess.Popen
     grpc_port: int
     rest_port: int
-    log_path: str
+    log_path: str | None  # None: output discarded
 
     @property
     def target(self) -> str:
@@ -41,8 +43,33 @@ class ServerProcess:
         return f"localhost:{self.rest_port}"
 
     def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None:
+            return "(output discarded)"
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
             return "".join(f.readlines()[-lines:])
+
+    def check_running(self, waiting_for: str) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"bertserve serve exited with {self.process.returncode} before {waiting_for}; "
+                               f"log tail:\n{self.log_tail()}")
+
+    def wait_serving(self, timeout_s: float = 120.0) -> None:
+        """Polls grpc.health.v1 until the server reports SERVING (it does once its models are loaded and both
+        front ends listen)."""
+        deadline = time.monotonic() + timeout_s
+        with grpc.insecure_channel(self.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            while True:
+                self.check_running("it was serving")
+                try:
+                    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not serving after {timeout_s:.0f} s; log tail:\n{self.log_tail()}")
+                time.sleep(0.2)
 
     def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM (the server drains in-flight requests), SIGKILL only if it does not exit in time."""
@@ -56,13 +83,24 @@ class ServerProcess:
         return self.process.returncode
 
 
-def serve_command(model_config_file: str, grpc_port: int, rest_port: int,
-                  batching_parameters_file: str | None, extra_flags: Sequence[str] = ()) -> list[str]:
-    command = [sys.executable, "-m", "bertserve.cli", "serve", f"--port={grpc_port}",
-               f"--rest_api_port={rest_port}", f"--model_config_file={model_config_file}"]
-    if batching_parameters_file:
-        command += ["--enable_batching=true", f"--batching_parameters_file={batching_parameters_file}"]
-    return command + list(extra_flags)
+def launch(flags: Sequence[str], log_path: str | None, env: Mapping[str, str] | None = None) -> ServerProcess:
+    """`bertserve serve` with flags on two free ports (gRPC, REST), its output to log_path (None: discarded). It
+    returns at once: wait_serving or wait_until_available waits for the server."""
+    grpc_port, rest_port = free_port(), free_port()
+    command = [sys.executable, "-m", "bertserve.cli", "serve", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
+               *flags]
+    if log_path is None:
+        log = subprocess.DEVNULL
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        log = open(log_path, "w", encoding="utf-8")
+    try:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=None if env is None else dict(env))
+    finally:
+        if log is not subprocess.DEVNULL:
+            log.close()
+    return ServerProcess(process, grpc_port, rest_port, log_path)
 
 
 def wait_until_available(server: ServerProcess, models: Sequence[str], timeout_s: float) -> None:
@@ -72,9 +110,7 @@ def wait_until_available(server: ServerProcess, models: Sequence[str], timeout_s
         stub = model_service_pb2_grpc.ModelServiceStub(channel)
         pending = list(models)
         while pending:
-            if server.process.poll() is not None:
-                raise RuntimeError(f"bertserve serve exited with {server.process.returncode} before its models "
-                                   f"were available; log tail:\n{server.log_tail()}")
+            server.check_running("its models were available")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"models {pending} not AVAILABLE after {timeout_s:.0f} s; log tail:\n"
                                    f"{server.log_tail()}")
@@ -93,13 +129,10 @@ def wait_until_available(server: ServerProcess, models: Sequence[str], timeout_s
 def start_server(model_config_file: str, models: Sequence[str], log_path: str,
                  batching_parameters_file: str | None = None, extra_flags: Sequence[str] = (),
                  ready_timeout_s: float = 300.0) -> ServerProcess:
-    grpc_port, rest_port = free_port(), free_port()
-    command = serve_command(model_config_file, grpc_port, rest_port, batching_parameters_file, extra_flags)
-    os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-    log = open(log_path, "w", encoding="utf-8")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    log.close()
-    server = ServerProcess(process, grpc_port, rest_port, log_path)
+    flags = [f"--model_config_file={model_config_file}"]
+    if batching_parameters_file:
+        flags += ["--enable_batching=true", f"--batching_parameters_file={batching_parameters_file}"]
+    server = launch([*flags, *extra_flags], log_path)
     try:
         wait_until_available(server, models, ready_timeout_s)
     except BaseException:
