@@ -13,7 +13,9 @@ Two timings per configuration, both reported:
   ONNX Runtime's worker threads keep spinning for tens of milliseconds after a run by default, which on 2 cores
   slows whichever engine runs next by about a fifth; for this timing its sessions stop spinning when a run ends
   (session.force_spinning_stop), the alone timing uses its defaults.
-Before each configuration the bench waits for the shared CPUs to go idle (recorded per row as machine_before).
+Before each configuration the bench waits for the shared CPUs to go idle (recorded per row as machine_before),
+and measures a configuration again when other processes took more than 5 % of the CPUs during it (the least
+disturbed of up to 3 attempts is kept; its others_cpu_share is recorded).
 
     python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--out bench/results/cpu_encoder.json]
 """
@@ -39,6 +41,10 @@ ALONE_BLOCKS = 4
 # percentage, so that a burst of other work on the shared machine does not start inside it.
 IDLE_BUSY_PERCENT = 15.0
 IDLE_WAIT_SECONDS = 600.0
+# A configuration during which other processes used more than this share of the CPUs is measured again (up to
+# MAX_ATTEMPTS times; the least disturbed attempt is kept and its share recorded).
+MAX_OTHERS_CPU_SHARE = 0.05
+MAX_ATTEMPTS = 3
 ORT_ENGINES = ("ort_tf2onnx", "ort_hf_fused")
 # ONNX Runtime session config for the round-robin timing: no spinning threads left behind after a run.
 ORT_STOP_SPINNING = {"session.force_spinning_stop": "1"}
@@ -151,6 +157,24 @@ def wait_for_idle_cpus() -> dict:
             "load_average": os.getloadavg()}
 
 
+def others_cpu_share(measure: Callable[[], dict]) -> tuple[dict, float]:
+    """Runs measure(); returns its result and the share of all CPUs that other processes used meanwhile."""
+    import psutil
+
+    me = psutil.Process()
+
+    def busy() -> tuple[float, float, float]:
+        total = psutil.cpu_times()
+        mine = me.cpu_times()
+        return time.monotonic(), total.user + total.nice + total.system, mine.user + mine.system
+
+    t0, all0, mine0 = busy()
+    result = measure()
+    t1, all1, mine1 = busy()
+    others = max(0.0, (all1 - all0) - (mine1 - mine0))
+    return result, round(others / ((t1 - t0) * psutil.cpu_count()), 3)
+
+
 def timed_call(run: Engine, inputs: tuple[np.ndarray, ...]) -> float:
     start = time.perf_counter()
     run(*inputs)
@@ -227,10 +251,17 @@ def main(argv: list[str] | None = None) -> int:
                 inputs = make_inputs(batch, lengths, CHITCHAT_CONFIG.vocab_size, seed=batch)
                 scores = {name: run(*inputs) for name, run in alone.items()}
                 agreement = max(float(np.abs(scores[n] - scores["stock_tf"]).max()) for n in scores)
+                attempts = []
+                for _ in range(MAX_ATTEMPTS):
+                    before = wait_for_idle_cpus()
+                    timings, share = others_cpu_share(lambda: {
+                        "alone": summarize(time_alone(alone, inputs, args.seconds), batch),
+                        "round_robin": summarize(time_round_robin(round_robin, inputs, args.seconds), batch)})
+                    attempts.append({"machine_before": before, "others_cpu_share": share, **timings})
+                    if share <= MAX_OTHERS_CPU_SHARE:
+                        break
                 row = {"load": load, "batch": batch, "real_tokens_per_seq": float(inputs[1].sum() / batch),
-                       "machine_before": wait_for_idle_cpus(),
-                       "alone": summarize(time_alone(alone, inputs, args.seconds), batch),
-                       "round_robin": summarize(time_round_robin(round_robin, inputs, args.seconds), batch),
+                       "attempts": len(attempts), **min(attempts, key=lambda a: a["others_cpu_share"]),
                        "max_score_difference_vs_stock_tf": agreement}
                 results.append(row)
                 print(json.dumps(row), flush=True)
