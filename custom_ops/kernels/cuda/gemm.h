@@ -1,8 +1,8 @@
 // GemmContext: the cuBLASLt handle plus one cached plan per GEMM shape, for cuBLASLt (Gemm) and for the FFN's
 // GEMM + GELU (GemmBiasGelu). Every GEMM of the encoder is row-major Y[m, n] = X[m, k] @ W[k, n] (+ bias[n],
 // + GELU) with TF's [in, out] kernels, fp16 or fp32 storage, fp32 accumulation. Plans are host-side objects:
-// once a shape has been seen, a call never touches the device beyond the matmul itself, so a CUDA graph captured after the first call
-// replays the planned algorithm.
+// once a shape has been seen, a call never touches the device beyond the matmul itself, so a CUDA graph captured
+// after the first call replays the planned algorithm.
 #ifndef BERTSERVE_KERNELS_CUDA_GEMM_H_
 #define BERTSERVE_KERNELS_CUDA_GEMM_H_
 
@@ -43,11 +43,12 @@ template <typename TIn, typename TOut>
 void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,
           int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream);
 
-// Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation, one of two ways, chosen per shape: a CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32
-// epilogue, which saves a pass over Y, or cuBLASLt with the bias epilogue followed by a GELU pass, faster at a
-// few hundred tokens. With autotuning, the first call for a shape times both on the real operands; otherwise
-// the CUTLASS GEMM runs from kFusedGeluMinTokens tokens on. n and k must be multiples of 8, pointers 16-byte
-// aligned (TMA).
+// Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation, one of two ways, chosen per
+// shape: a CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or
+// cuBLASLt with the bias epilogue followed by a GELU pass, faster at a few hundred tokens. With autotuning, the
+// first call for a shape times both on the real operands; otherwise the CUTLASS GEMM runs from
+// kFusedGeluMinTokens tokens on (tile configuration by token count). n and k must be multiples of 8, pointers
+// 16-byte aligned (TMA).
 constexpr int64_t kFusedGeluMinTokens = 4096;
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream);

@@ -36,6 +36,20 @@ const std::vector<Runner>& AllRunners() {
   return runners;
 }
 
+// Without timing (the TF op, which sees a new token count per batch): what autotuning chose on the H200 for the
+// chit-chat FFN (bench/results/gpu_h200_bench.json, timing.gelu_plans): cuBLASLt + pass below 4,096 tokens, the
+// wide cooperative tile from there, ping-pong 64x256 from 8,192.
+GeluPlan DefaultPlan(int64_t m) {
+  if (m < kFusedGeluMinTokens) return kCublasPlusPass;
+  const std::string wanted = m < 2 * kFusedGeluMinTokens ? "cooperative 128x256x64 cluster 2x1"
+                                                         : "ping-pong 64x256x64 cluster 2x1";
+  const std::vector<Runner>& runners = AllRunners();
+  for (int i = 0; i < static_cast<int>(runners.size()); ++i) {
+    if (wanted == runners[i].name) return {i, 0};
+  }
+  return kCublasPlusPass;
+}
+
 std::string ShapeOf(const Problem& p) {
   return "GEMM + GELU [" + std::to_string(p.m) + "x" + std::to_string(p.k) + "] @ [" + std::to_string(p.k) + "x" +
          std::to_string(p.n) + "]";
@@ -135,7 +149,7 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
     }
   }
   if (!planned) {
-    plan = m >= kFusedGeluMinTokens ? GeluPlan{0, 0} : kCublasPlusPass;
+    plan = DefaultPlan(m);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     cudaStreamIsCapturing(s, &capture);
     if (OptionsOf(context).autotune && capture == cudaStreamCaptureStatusNone) {
