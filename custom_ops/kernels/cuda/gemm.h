@@ -47,8 +47,8 @@ void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOu
 // shape: a CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or
 // cuBLASLt with the bias epilogue followed by a GELU pass, faster at a few hundred tokens. With autotuning, the
 // first call for a shape times both on the real operands; otherwise the CUTLASS GEMM runs from
-// kFusedGeluMinTokens tokens on (tile configuration by token count). n and k must be multiples of 8, pointers
-// 16-byte aligned (TMA).
+// kFusedGeluMinTokens tokens on (tile configuration by token count); a shape CUTLASS declines falls back to
+// cuBLASLt + pass. n and k must be multiples of 8, pointers 16-byte aligned (TMA).
 constexpr int64_t kFusedGeluMinTokens = 4096;
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream);

@@ -123,6 +123,7 @@ GeluPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cu
       best = plan;
     }
   }
+  cudaGetLastError();  // candidates whose launch was refused must not leave their error for the next launcher
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return best;
@@ -159,7 +160,13 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
     plan = GeluPlansOf(context).emplace(key, plan).first->second;
   }
   if (!Launch(context, plan, p, gemm_workspace, s)) {
-    throw std::runtime_error(ShapeOf(p) + " with tiles " + AllRunners()[plan.runner].name + " failed to launch");
+    // A configuration CUTLASS declines for this shape (nothing was launched): cuBLASLt + the pass, from now on.
+    cudaGetLastError();  // a refused launch must not leave its error for the next launcher's check
+    {
+      std::lock_guard<std::mutex> lock(PlanMutex(context));
+      GeluPlansOf(context)[key] = kCublasPlusPass;
+    }
+    Launch(context, kCublasPlusPass, p, gemm_workspace, s);
   }
 }
 
