@@ -18,6 +18,7 @@ Run: .venv/bin/python bench/serve_overhead.py [--quick] [--out bench/results/ser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -30,16 +31,15 @@ import time
 
 import grpc
 import numpy as np
-import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bertserve.client.server_process import launch
+from bertserve.client.server_process import batch_size_totals, launch
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
 from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
 from bertserve.server.batcher import BatchScheduler, wait_for
-from bertserve.server.config_files import BatchingOptions
+from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH, BatchingOptions
 from bertserve.server.metrics import ServerMetrics
 from bertserve.server.servable import LoadedVersion
 
@@ -47,7 +47,6 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=64, max_position_embeddings=64)
 SEQ = 32
-METRICS_PATH = "/monitoring/prometheus/metrics"
 
 
 def machine() -> dict:
@@ -79,10 +78,11 @@ class Server:
     """A `bertserve serve` process with gRPC, and REST for its Prometheus metrics."""
 
     def __init__(self, name: str, base_path: str, batching: str | None):
+        self.name = name
         self.files = tempfile.TemporaryDirectory()
         monitoring = os.path.join(self.files.name, "monitoring.config")
         with open(monitoring, "w", encoding="utf-8") as handle:
-            handle.write(f'prometheus_config {{ enable: true path: "{METRICS_PATH}" }}')
+            handle.write(f'prometheus_config {{ enable: true path: "{DEFAULT_PROMETHEUS_PATH}" }}')
         flags = [f"--model_name={name}", f"--model_base_path={base_path}", f"--monitoring_config_file={monitoring}"]
         if batching is not None:
             batching_file = os.path.join(self.files.name, "batching.txt")
@@ -90,19 +90,18 @@ class Server:
                 handle.write(batching)
             flags += ["--enable_batching", f"--batching_parameters_file={batching_file}"]
         self.server = launch(flags, None, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-        self.server.wait_serving(120.0)
+        try:
+            self.server.wait_serving(120.0)
+        except BaseException:
+            self.server.stop()
+            self.files.cleanup()
+            raise
         self.channel = grpc.insecure_channel(self.server.target)
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
 
     def batch_sizes(self) -> tuple[float, float]:
         """(rows, batches) run so far, from the server's bertserve_batch_size histogram."""
-        text = requests.get(f"http://{self.server.rest_target}{METRICS_PATH}", timeout=30).text
-        totals = {"sum": 0.0, "count": 0.0}
-        for line in text.splitlines():
-            for kind in totals:
-                if line.startswith(f"bertserve_batch_size_{kind}{{"):
-                    totals[kind] += float(line.rsplit(" ", 1)[1])
-        return totals["sum"], totals["count"]
+        return batch_size_totals(self.server.rest_target, DEFAULT_PROMETHEUS_PATH, self.name)
 
     def close(self) -> None:
         self.server.stop()
@@ -110,11 +109,16 @@ class Server:
         self.files.cleanup()
 
 
+def warmup_calls(count: int) -> int:
+    """Untimed calls of each kind before interleaved_latency_us times `count` of them."""
+    return max(3, count // 10)
+
+
 def interleaved_latency_us(calls: dict, count: int) -> dict:
     """Times each call `count` times, interleaved (rotating order), so shared-CPU noise hits all of them alike."""
     names = list(calls)
     for name in names:
-        for _ in range(max(3, count // 10)):
+        for _ in range(warmup_calls(count)):
             calls[name]()
     samples: dict[str, list[float]] = {name: [] for name in names}
     for i in range(count):
@@ -165,10 +169,11 @@ def tiny_part(base: str, quick: bool) -> dict:
     one_row = warmup_inputs(TINY_CONFIG, 1, SEQ)
     function = tf.saved_model.load(os.path.join(path, "1")).signatures["serving_default"]
     request = request_for("tiny", one_row)
-    plain = Server("tiny", path, None)
-    batching = Server("tiny", path, "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
-                                    "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")
-    try:
+    with contextlib.ExitStack() as servers:
+        plain = servers.enter_context(contextlib.closing(Server("tiny", path, None)))
+        batching = servers.enter_context(contextlib.closing(Server(
+            "tiny", path, "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
+                          "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")))
         latency = interleaved_latency_us({
             "direct_call": lambda: function(**{k: tf.constant(v) for k, v in one_row.items()})["scores"].numpy(),
             "grpc_no_batching": lambda: plain.stub.Predict(request, timeout=30),
@@ -179,9 +184,6 @@ def tiny_part(base: str, quick: bool) -> dict:
                       "grpc_batching": closed_loop_rps(batching.stub, request, 64, seconds)}
         rows, batches = (a - b for a, b in zip(batching.batch_sizes(), (rows_before, batches_before)))
         throughput["grpc_batching"]["mean_rows_per_executed_batch"] = round(rows / max(batches, 1), 2)
-    finally:
-        plain.close()
-        batching.close()
     direct_p50 = latency["direct_call"]["p50_us"]
     return {"model": "1 layer, hidden 32, seq 32, one row per request; latency: one request at a time",
             "latency": latency,
@@ -270,7 +272,7 @@ def chitchat_part(base: str, variant: str, quick: bool) -> dict:
             "grpc_one_request_of_32_pairs": lambda: server.stub.Predict(whole, timeout=60),
             "grpc_32_concurrent_single_pair_requests_batched": merged_query}, count)
         rows, batches = (after - before for after, before in zip(server.batch_sizes(), (rows_before, batches_before)))
-        whole_calls = count + max(3, count // 10)  # each 32-pair request runs as one batch of 32 rows
+        whole_calls = count + warmup_calls(count)  # each 32-pair request runs as one batch of 32 rows
     finally:
         server.close()
     direct_p50 = latency["direct_batch32_call"]["p50_us"]

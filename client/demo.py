@@ -28,7 +28,7 @@ import numpy as np
 from bertserve.client import pairs
 from bertserve.client.padding import pad
 from bertserve.client.ranker import ClientOptions, RankerClient
-from bertserve.client.server_process import running_server, write_model_config
+from bertserve.client.server_process import batch_size_totals, running_server, write_model_config
 from bertserve.client.tokenization import DEFAULT_MAX_LEN, PairTokenizer
 from bertserve.export.loaders import TRAINING_CONFIG_FILE
 from bertserve.server.config_files import read_prometheus_path
@@ -38,7 +38,6 @@ TRAIN_STEPS = 120
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVING_BATCHING = os.path.join(REPO_ROOT, "serving_config", "batching_parameters.txt")
 SERVING_MONITORING = os.path.join(REPO_ROOT, "serving_config", "monitoring.config")
-BATCH_SIZE_METRIC = "bertserve_batch_size"
 VARIANTS = ("fused", "stock")
 
 
@@ -102,22 +101,6 @@ def metrics_table(m: pairs.RankingMetrics) -> str:
         f"{'accuracy@1':14}{m.accuracy_at_1:8.3f}{m.chance_accuracy_at_1:8.3f}",
         f"{'MRR':14}{m.mrr:8.3f}{m.chance_mrr:8.3f}",
     ])
-
-
-def batch_size_totals(rest_target: str, prometheus_path: str) -> tuple[float, float]:
-    """(rows, executed batches) so far, from the server's Prometheus endpoint."""
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(f"http://{rest_target}{prometheus_path}", timeout=10).text
-    totals = {"sum": 0.0, "count": 0.0}
-    for family in text_string_to_metric_families(text):
-        if family.name == BATCH_SIZE_METRIC:
-            for sample in family.samples:
-                kind = sample.name.rsplit("_", 1)[-1]
-                if kind in totals and sample.labels.get("model_name") == MODEL_NAME:
-                    totals[kind] += sample.value
-    return totals["sum"], totals["count"]
 
 
 def batching_summary(before: tuple[float, float], after: tuple[float, float], replies_per_query: int) -> str:
@@ -194,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _step(6, f"load test: open-loop QPS sweep, {args.replies} replies/query, P99 SLO {args.slo_ms:g} ms",
               started)
         prometheus_path = read_prometheus_path(args.monitoring_config_file)
-        before = batch_size_totals(server.rest_target, prometheus_path) if prometheus_path else None
+        before = batch_size_totals(server.rest_target, prometheus_path, MODEL_NAME) if prometheus_path else None
         loadtest_main(["--target", server.target, "--model", MODEL_NAME, "--model_dir",
                        os.path.join(base, MODEL_NAME, "1"), "--sweep", "--replies", str(args.replies),
                        "--slo_ms", str(args.slo_ms), "--duration", str(args.step_seconds),
@@ -203,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "--timeout", "30",
                        "--out", os.path.join(workdir, "loadtest")])
         if before is not None:
-            print(batching_summary(before, batch_size_totals(server.rest_target, prometheus_path), args.replies))
+            print(batching_summary(before, batch_size_totals(server.rest_target, prometheus_path, MODEL_NAME), args.replies))
         print("stopping the server (SIGTERM) ...", flush=True)
     print(f"server exited with code {server.process.returncode}")
     print(f"\ndemo finished in {time.monotonic() - started:.0f}s; outputs under {workdir}")

@@ -150,6 +150,22 @@ def running_server(model_config_file: str, models: Sequence[str], log_path: str,
         server.stop()
 
 
+def batch_size_totals(rest_target: str, prometheus_path: str, model: str) -> tuple[float, float]:
+    """(rows, executed batches) of `model` so far, from the server's Prometheus `bertserve_batch_size` histogram."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(f"http://{rest_target}{prometheus_path}", timeout=30).text
+    totals = {"sum": 0.0, "count": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name == "bertserve_batch_size":
+            for sample in family.samples:
+                kind = sample.name.rsplit("_", 1)[-1]
+                if kind in totals and sample.labels.get("model_name") == model:
+                    totals[kind] += sample.value
+    return totals["sum"], totals["count"]
+
+
 def write_model_config(path: str, models: dict[str, str]) -> str:
     """A ModelServerConfig text file serving each name -> base path (absolute, as TF Serving requires)."""
     from google.protobuf import text_format

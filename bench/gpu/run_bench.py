@@ -58,19 +58,20 @@ def lengths_for(dist: str, batch: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(8, SEQ + 1, batch).astype(np.int32)
 
 
+def event_ms(fn) -> float:
+    """One call of fn, timed with CUDA events on the current stream (waits for it)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(); fn(); b.record(); b.synchronize()
+    return a.elapsed_time(b)
+
+
 def median_ms(fn, min_iters: int = 10, budget_ms: float = 300.0) -> float:
     """Median of CUDA-event timings after warm-up; the count adapts to ~budget_ms of work."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record(); fn(); b.record(); b.synchronize()
-    iters = int(max(min_iters, min(200, budget_ms / max(a.elapsed_time(b), 1e-3))))
-    times = []
-    for _ in range(iters):
-        a.record(); fn(); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
+    iters = int(max(min_iters, min(200, budget_ms / max(event_ms(fn), 1e-3))))
+    return float(np.median([event_ms(fn) for _ in range(iters)]))
 
 
 class Results:
@@ -336,21 +337,16 @@ def stage_sustain(res: Results) -> None:
     query = "--query-gpu=clocks.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
     smi = subprocess.Popen(["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "100"],
                            stdout=subprocess.PIPE, text=True)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     t_end = time.time() + 6.0
     while time.time() < t_end:
-        a.record(); graph.replay(); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(event_ms(graph.replay))
     time.sleep(0.3)
     smi.terminate()
     samples = [line.split(", ") for line in smi.communicate()[0].strip().splitlines()]
     torch.cuda.synchronize()
     time.sleep(3.0)  # idle, then one short burst
-    burst = []
-    for _ in range(3):
-        a.record(); graph.replay(); b.record(); b.synchronize()
-        burst.append(a.elapsed_time(b))
+    burst = [event_ms(graph.replay) for _ in range(3)]
     out = {"batch": bs, "lengths": "U8_32", "replays": len(times), "first_3_ms": [round(t, 3) for t in times[:3]],
            "last_3_ms": [round(t, 3) for t in times[-3:]], "median_ms": round(float(np.median(times)), 3),
            "burst_after_3s_idle_ms": [round(t, 3) for t in burst],

@@ -1,7 +1,7 @@
 """Small forwards of every kernel variant, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
-fp16 (with the CUTLASS GEMM + GELU; cuBLASLt only) and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the fused attention's three sizes) and 200 (the
-streaming attention), a batch of 27 tokens (small-m GEMMs), a graph bucket with scratch rows, and the
-padding ops.
+fp16 (with the CUTLASS GEMM + GELU; cuBLASLt only) and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the
+fused attention's three sizes) and 200 (the streaming attention), a batch of 27 tokens (small-m GEMMs), a graph
+bucket with scratch rows, and the padding ops.
 
 Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
 """

@@ -14,7 +14,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from bertserve.export import graph, saved, validate
 
-from export_testing import TINY_CONFIG, VARIANTS, padded_inputs
+from export_testing import TINY_CONFIG, VARIANTS
 
 
 def tokenizer(vocab: str, max_seq_length: int = 16) -> saved.TokenizerSettings:

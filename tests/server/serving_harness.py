@@ -5,6 +5,7 @@ a uniquely named module, since every test folder has a conftest). Launching and 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import tempfile
 
@@ -14,6 +15,18 @@ from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_p
 from bertserve.client.server_process import launch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+METRICS_PATH = "/monitoring/prometheus/metrics"
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """Sum of the Prometheus samples `name` whose labels include `labels`, from an exposition text; 0 if none."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
+            if all(found.get(k) == v for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
 
 class ServerProcess:
     """`bertserve serve ...` in a subprocess, reached only through gRPC stubs and HTTP."""
@@ -24,11 +37,10 @@ class ServerProcess:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
         self.server = launch(flags, log.name, env)
         self.proc = self.server.process
-        self.grpc_port, self.rest_port = self.server.grpc_port, self.server.rest_port
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.channel = grpc.insecure_channel(self.server.target)
         self.predict = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
-        self.rest = f"http://127.0.0.1:{self.rest_port}"
+        self.rest = f"http://{self.server.rest_target}"
 
     def log(self) -> str:
         with open(self.server.log_path, encoding="utf-8", errors="replace") as handle:

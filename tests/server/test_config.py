@@ -11,12 +11,10 @@ from bertserve.server.config_files import (DEFAULT_PROMETHEUS_PATH, ConfigError,
                                            read_batching_options, read_model_server_config, read_prometheus_path)
 from bertserve.server.flags import FlagError, parse_flags
 from bertserve.server import batching_parameters_pb2, monitoring_config_pb2
+from serving_harness import REPO_ROOT
 
 def parse_flags_only(argv: list[str]):
     return parse_flags(argv)[0]
-
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_flag_defaults_match_tensorflow_model_server():

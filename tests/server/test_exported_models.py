@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
+from bertserve.client.server_process import write_model_config
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
 from bertserve.export.weights import BertConfig, BertWeights
@@ -43,9 +44,7 @@ def exported(tmp_path_factory) -> tuple[str, list[str]]:
 
 
 def _config_file(tmp_path, base: str, variants: list[str]) -> str:
-    path = tmp_path / "models.config"
-    path.write_text("model_config_list {" + "".join(
-        f' config {{ name: "{v}" base_path: "{base}/{v}" }}' for v in variants) + " }")
+    path = write_model_config(str(tmp_path / "models.config"), {v: f"{base}/{v}" for v in variants})
     return f"--model_config_file={path}"
 
 

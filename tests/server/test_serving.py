@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 
 import grpc
 import numpy as np
@@ -13,10 +12,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
                                      model_pb2)
 
-from serving_harness import ServerProcess
+from serving_harness import METRICS_PATH, ServerProcess, metric_total
 from tiny_models import VOCAB, direct_scores, predict_request, tensor, token_inputs
 
-METRICS_PATH = "/monitoring/prometheus/metrics"
 
 
 @pytest.fixture(scope="module")
@@ -194,22 +192,12 @@ def test_unimplemented_apis_and_health(server):
                         timeout=10).status == health_pb2.HealthCheckResponse.SERVING
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
-            if all(found.get(k) == v for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_concurrent_single_row_requests_merge_into_batches(server):
     """64 single-row requests at once with max_batch_size 32: every row is batched once, batches are large."""
     def batch_stats() -> tuple[float, float]:
         text = requests.get(server.rest + METRICS_PATH, timeout=30).text
         labels = {"model_name": "tiny", "signature": "serving_default"}
-        return _metric(text, "bertserve_batch_size_sum", **labels), _metric(text, "bertserve_batch_size_count", **labels)
+        return metric_total(text, "bertserve_batch_size_sum", **labels), metric_total(text, "bertserve_batch_size_count", **labels)
 
     rows_before, batches_before = batch_stats()
     inputs = token_inputs(64, 8, seed=11)
@@ -230,8 +218,8 @@ def test_metrics_keep_tf_serving_names(server):
     server.predict.Predict(predict_request("tiny", token_inputs(1, 8)), timeout=30)
     text = requests.get(server.rest + METRICS_PATH, timeout=30).text
     assert "# TYPE :tensorflow:serving:request_count counter" in text
-    assert _metric(text, ":tensorflow:serving:request_count", model_name="tiny", status="OK") >= 1
-    assert _metric(text, ":tensorflow:serving:request_count", model_name="missing", status="NOT_FOUND") >= 1
+    assert metric_total(text, ":tensorflow:serving:request_count", model_name="tiny", status="OK") >= 1
+    assert metric_total(text, ":tensorflow:serving:request_count", model_name="missing", status="NOT_FOUND") >= 1
     for name in (":tensorflow:serving:request_latency_bucket", ":tensorflow:serving:batching:batch_size_bucket",
                  ":tensorflow:serving:batching:processed_batch_size_v2",
                  ":tensorflow:serving:batching_session:queuing_latency_count", "bertserve_queue_delay_seconds_bucket"):

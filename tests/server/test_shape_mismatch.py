@@ -7,7 +7,6 @@ FAILED_PRECONDITION; bertserve fails only the request that would merge, and the 
 from __future__ import annotations
 
 import os
-import re
 import time
 
 import grpc
@@ -15,9 +14,9 @@ import numpy as np
 import pytest
 import requests
 
+from serving_harness import METRICS_PATH, metric_total
 from tiny_models import direct_scores, predict_request, tensor, token_inputs
 
-METRICS_PATH = "/monitoring/prometheus/metrics"
 BATCH_TIMEOUT_S = 2.0  # the first request's batch stays open this long, so a request sent after it surely meets it
 MEET_DELAY_S = 0.5  # sent this long after the first request: it has reached the queue, its batch is still open
 TF_SERVING_MESSAGE = ("Tensors with name 'serving_default_input_ids:0' from different tasks have different shapes and "
@@ -42,9 +41,7 @@ def server(models_dir, tmp_path_factory):
 
 def _failed_preconditions(server) -> float:
     text = requests.get(server.rest + METRICS_PATH, timeout=30).text
-    found = re.search(r'^:tensorflow:serving:request_count\{model_name="tiny",status="FAILED_PRECONDITION"\} (\S+)$',
-                      text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    return metric_total(text, ":tensorflow:serving:request_count", model_name="tiny", status="FAILED_PRECONDITION")
 
 
 def _expected(models_dir: str, inputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -53,7 +53,7 @@ tf_objs=()
 for src in custom_ops/tf/bert_kernels_gpu.cu.cc custom_ops/tf/bert_op_inputs.cc custom_ops/kernels/validation.cc; do
   obj="$out/$(basename "${src%%.*}")_tf.o"
   "$cuda/bin/nvcc" -x c++ -O3 -Xcompiler -fPIC -Xcompiler -Wno-deprecated-declarations "${tf_cflags[@]}" \
-    -I"$root" -I"$cublas/include" -I"$cutlass/include" -c "$root/$src" -o "$obj" &
+    -I"$root" -I"$cublas/include" -c "$root/$src" -o "$obj" &
   pids+=($!)
   tf_objs+=("$obj")
 done

@@ -119,13 +119,12 @@ void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch&
   gemm_bias(buf.context, w.attention_output_kernel, w.attention_output_bias, buf.dense, h, h);
   LaunchResidualLayerNorm<D>(buf.dense, w.attention_ln_gamma, w.attention_ln_beta, n, h, dims.layer_norm_epsilon, x,
                              s);
-  if constexpr (std::is_same_v<D, __half>) {
-    if (custom_gemms) {
+  if (custom_gemms) {  // fp16 only (UsesCustomGemms)
+    if constexpr (std::is_same_v<D, __half>) {
       GemmBiasGelu(gemm, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, n, inter, h, buf.gemm_workspace,
                    stream);
     }
-  }
-  if (!custom_gemms) {
+  } else {
     gemm_bias(x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, inter, h);
     LaunchGelu<D>(buf.ffn, n * inter, s);
   }

@@ -1,7 +1,7 @@
 // cuBLASLt GEMMs with a per-shape plan cache and optional autotuning. See gemm.h.
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/gemm_context.h"
-#include "custom_ops/kernels/cuda/kernels.h"
+#include "custom_ops/kernels/cuda/gpu_timer.h"
 
 #include <cublasLt.h>
 #include <cuda_fp16.h>
@@ -134,28 +134,19 @@ cublasStatus_t Run(cublasLtHandle_t handle, const Plan& plan, const cublasLtMatm
 // The fastest of the heuristic's candidates on these operands (events on the caller's stream; waits for them).
 cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
                                  const cublasLtMatmulHeuristicResult_t* results, int found, const Operands& o) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+  GpuTimer timer(o.stream);
   float best_ms = 1e30f;
   cublasLtMatmulAlgo_t best = results[0].algo;
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || Run(handle, plan, results[i].algo, o) != CUBLAS_STATUS_SUCCESS) {
       continue;
     }
-    LaunchSpin(kSpinCyclesBeforeTiming, o.stream);
-    cudaEventRecord(start, o.stream);
-    for (int r = 0; r < kAutotuneRepeats; ++r) Run(handle, plan, results[i].algo, o);
-    cudaEventRecord(stop, o.stream);
-    float ms = 0.f;
-    if (cudaEventSynchronize(stop) == cudaSuccess && cudaEventElapsedTime(&ms, start, stop) == cudaSuccess &&
-        ms < best_ms) {
+    const float ms = timer.MsPerCall(kAutotuneRepeats, [&] { Run(handle, plan, results[i].algo, o); });
+    if (ms >= 0 && ms < best_ms) {
       best_ms = ms;
       best = results[i].algo;
     }
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return best;
 }
 

@@ -11,7 +11,9 @@
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/gemm_context.h"
 #include "custom_ops/kernels/cuda/gemm_gelu_runners.h"
+#include "custom_ops/kernels/cuda/gpu_timer.h"
 #include "custom_ops/kernels/cuda/kernels.h"
+#include "cutlass/kernel_hardware_info.h"
 
 namespace bertserve {
 namespace cuda {
@@ -55,15 +57,6 @@ std::string ShapeOf(const Problem& p) {
          std::to_string(p.n) + "]";
 }
 
-int SmCount() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    throw std::runtime_error("cannot read the GPU's multiprocessor count");
-  }
-  return count;
-}
-
 // Enqueues the plan; returns false when a CUTLASS configuration cannot run this shape.
 bool Launch(GemmContext* context, const GeluPlan& plan, const Problem& p, void* workspace, cudaStream_t stream) {
   if (plan.runner < 0) {
@@ -88,34 +81,20 @@ std::vector<GeluPlan> Candidates(int64_t k) {
   return out;
 }
 
-// Milliseconds per launch of `repeats` back-to-back launches queued behind a spin kernel (so the GPU's time is
-// measured, not the host's); negative if the events fail.
-float TimePlan(GemmContext* context, const GeluPlan& plan, const Problem& p, void* workspace, cudaStream_t stream,
-               int repeats, cudaEvent_t start, cudaEvent_t stop) {
-  LaunchSpin(kSpinCyclesBeforeTiming, stream);
-  cudaEventRecord(start, stream);
-  for (int i = 0; i < repeats; ++i) Launch(context, plan, p, workspace, stream);
-  cudaEventRecord(stop, stream);
-  float ms = 0.f;
-  if (cudaEventSynchronize(stop) != cudaSuccess || cudaEventElapsedTime(&ms, start, stop) != cudaSuccess) return -1;
-  return ms / repeats;
-}
-
-// The fastest candidate on these operands (events on the caller's stream; waits for them).
+// The fastest candidate on these operands (queued on the caller's stream; waits for the device).
 GeluPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
+  GpuTimer timer(stream);
   float best_ms = 1e30f;
   GeluPlan best = kCublasPlusPass;
   for (const GeluPlan& plan : Candidates(p.k)) {
     if (!Launch(context, plan, p, workspace, stream)) continue;  // also the warm-up (and cuBLASLt's own planning)
-    const float once = TimePlan(context, plan, p, workspace, stream, 1, start, stop);
+    const auto call = [&] { Launch(context, plan, p, workspace, stream); };
+    const float once = timer.MsPerCall(1, call);
     if (once < 0) continue;
     const int repeats = std::max(3, static_cast<int>(kAutotuneTrialMs / std::max(once, 1e-3f)));
     float ms = once;
     for (int trial = 0; trial < kAutotuneTrials; ++trial) {
-      const float t = TimePlan(context, plan, p, workspace, stream, repeats, start, stop);
+      const float t = timer.MsPerCall(repeats, call);
       if (t >= 0) ms = std::min(ms, t);
     }
     if (ms < best_ms) {
@@ -124,8 +103,6 @@ GeluPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cu
     }
   }
   cudaGetLastError();  // candidates whose launch was refused must not leave their error for the next launcher
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   return best;
 }
 
@@ -134,7 +111,7 @@ GeluPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cu
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream) {
   if (m == 0) return;
-  static const int sm_count = SmCount();
+  static const int sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count();
   const Problem p{x, w, bias, y, m, n, k, sm_count};
   if (n % 8 != 0 || k % 8 != 0) throw std::runtime_error(ShapeOf(p) + ": n and k must be multiples of 8");
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
