@@ -99,7 +99,7 @@ struct ThreadPool {
   ParallelFor parallel_for;
 };
 
-// Bytes of scratch memory Encoder<T> needs for a batch of num_tokens tokens.
+// Bytes of scratch memory the encoder needs for a batch of num_tokens tokens.
 template <typename T>
 int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t num_tokens);
 
@@ -108,10 +108,9 @@ template <typename T>
 void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
                const PackedBatch& batch, T* hidden_out, const ThreadPool& pool);
 
-// In place over hidden [num_tokens, H]; workspace holds EncoderWorkspaceBytes<T> bytes, 64-byte aligned.
-// T is fp16 here (weights widened per layer, per call); float runs with packed weights (below).
-template <typename T>
-void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
+// The fp16 encoder, in place over hidden [num_tokens, H]; workspace holds EncoderWorkspaceBytes<fp16> bytes,
+// 64-byte aligned; weights widened per layer, per call. float runs with packed weights (below).
+void Encoder(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch, fp16* hidden,
              void* workspace, const ThreadPool& pool);
 
 // The four GEMM weights of every layer of a float stack, packed once into the BLAS's own layout
@@ -122,7 +121,7 @@ std::shared_ptr<const PackedEncoderWeights> PackEncoderWeights(const EncoderDims
                                                                const EncoderWeights<float>& w,
                                                                const ThreadPool& pool);
 
-// The float encoder, in place like Encoder<T>: each layer's GEMM weights come from `packed` (packed from w's
+// The float encoder, in place like the fp16 one: each layer's GEMM weights come from `packed` (packed from w's
 // kernels and these dims); the biases and LayerNorm parameters still come from w.
 void Encoder(const EncoderDims& dims, const EncoderWeights<float>& w, const PackedEncoderWeights& packed,
              const PackedBatch& batch, float* hidden, void* workspace, const ThreadPool& pool);

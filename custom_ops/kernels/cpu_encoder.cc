@@ -222,9 +222,8 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<float>& w, const Pack
   }
 }
 
-template <>
-void Encoder<fp16>(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch, fp16* hidden,
-                   void* workspace, const ThreadPool& pool) {
+void Encoder(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch, fp16* hidden,
+             void* workspace, const ThreadPool& pool) {
   if (batch.num_tokens == 0) return;
   const LayerSizes sizes(dims);
   float* base = static_cast<float*>(workspace);

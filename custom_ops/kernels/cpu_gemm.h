@@ -33,9 +33,6 @@ class PackedMatrix {
  public:
   PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b);
 
-  int64_t k() const { return k_; }
-  int64_t n() const { return n_; }
-
  private:
   struct MklFree {
     void operator()(void* p) const;
@@ -54,7 +51,7 @@ class PackedMatrix {
 void ParallelGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
                   const GemmEpilogue& epilogue);
 
-// The same with B packed beforehand (b.k() columns of A, b.n() columns of C).
+// The same with B packed beforehand (A has B's k columns, C its n).
 void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const PackedMatrix& b, float* c,
                   const GemmEpilogue& epilogue);
 

@@ -8,6 +8,9 @@ from bertserve import custom_ops as ops
 from bertserve.export.graph import fused_arrays
 from bertserve.export.weights import BertConfig, BertWeights
 
+FP32_TOLERANCE = 1e-4  # relative, against the float64 reference (the bar)
+FP16_TOLERANCE = 1e-2
+
 EMBEDDING_NAMES = ("word_embeddings", "position_embeddings", "token_type_embeddings", "embeddings_ln_gamma",
                    "embeddings_ln_beta")
 

@@ -7,8 +7,7 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from ops_testing import EMBEDDING_NAMES, assert_close, op_weights, random_batch, small_config
-from test_numerics import FP32_TOLERANCE
+from ops_testing import EMBEDDING_NAMES, FP32_TOLERANCE, assert_close, op_weights, random_batch, small_config
 
 from bertserve import custom_ops as ops
 from bertserve.export import reference
