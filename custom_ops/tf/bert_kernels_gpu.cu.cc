@@ -10,9 +10,10 @@
 
 #include <exception>
 #include <mutex>
-#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/tf/bert_op_inputs.h"
@@ -28,7 +29,6 @@ using ::tensorflow::DEVICE_GPU;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 
@@ -38,26 +38,26 @@ void* StreamOf(OpKernelContext* ctx) {
 
 // Runs a core call; a CUDA or cuBLASLt failure (std::runtime_error naming it) becomes an Internal status.
 template <typename Fn>
-Status CallCore(const Fn& fn) {
+absl::Status CallCore(const Fn& fn) {
   try {
     fn();
-    return Status();
+    return absl::OkStatus();
   } catch (const std::exception& e) {
-    return absl::InternalError(std::string("bertserve CUDA core: ") + e.what());
+    return absl::InternalError(absl::StrCat("bertserve CUDA core: ", e.what()));
   }
 }
 
-Status CheckCuda(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return Status();
-  return absl::InternalError(std::string("bertserve CUDA core: ") + what + ": " + cudaGetErrorString(status));
+absl::Status CheckCuda(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("bertserve CUDA core: ", what, ": ", cudaGetErrorString(status)));
 }
 
 // A device copy of host int32 data, enqueued on the op's stream. The data goes through a pageable buffer of our
 // own: cudaMemcpyAsync from pageable memory returns once it is staged, so neither buffer must outlive the call
 // (a pinned source, which TF may hand a HostMemory input in, would be read later, after TF reused it).
-Status ToDevice(OpKernelContext* ctx, const int32_t* host, int64_t count, Tensor* device) {
+absl::Status ToDevice(OpKernelContext* ctx, const int32_t* host, int64_t count, Tensor* device) {
   TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT32, TensorShape({count}), device));
-  if (count == 0) return Status();
+  if (count == 0) return absl::OkStatus();
   const std::vector<int32_t> pageable(host, host + count);
   return CheckCuda(cudaMemcpyAsync(device->flat<int32_t>().data(), pageable.data(), count * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, static_cast<cudaStream_t>(StreamOf(ctx))),
@@ -74,7 +74,7 @@ class BertEmbeddingGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids = ctx->input(0);
     OP_REQUIRES(ctx, ids.dims() == 2,
-                tensorflow::errors::InvalidArgument("input_ids must be [batch, seq], got ", ids.shape().DebugString()));
+                InvalidArgument("input_ids must be [batch, seq], got ", ids.shape().DebugString()));
     Tensor* cu_seqlens = nullptr;  // host memory output
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({ids.dim_size(0) + 1}), &cu_seqlens));
     PackedBatch batch;
@@ -139,11 +139,11 @@ class BertEncoderGpuOp : public OpKernel {
 
  private:
   // One cuBLASLt context per kernel instance (TF makes one per device), created on first use on that device.
-  Status Gemm(cuda::GemmContext** gemm) {
+  absl::Status Gemm(cuda::GemmContext** gemm) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (gemm_ == nullptr) TF_RETURN_IF_ERROR(CallCore([&] { gemm_ = cuda::CreateGemmContext(); }));
     *gemm = gemm_;
-    return Status();
+    return absl::OkStatus();
   }
 
   int64_t num_heads_;
@@ -161,8 +161,7 @@ class BertRemovePaddingGpuOp : public OpKernel {
     const Tensor& input = ctx->input(0);
     const Tensor& mask = ctx->input(1);  // host memory
     OP_REQUIRES(ctx, input.dims() == 3,
-                tensorflow::errors::InvalidArgument("input must be [batch, seq, hidden], got ",
-                                                    input.shape().DebugString()));
+                InvalidArgument("input must be [batch, seq, hidden], got ", input.shape().DebugString()));
     const int64_t b = input.dim_size(0), s = input.dim_size(1), h = input.dim_size(2);
     OP_REQUIRES_OK(ctx, CheckShape("input_mask", mask, {b, s}));
     Tensor* cu_seqlens = nullptr;  // host memory output
@@ -190,11 +189,9 @@ class BertRebuildPaddingGpuOp : public OpKernel {
     const Tensor& input = ctx->input(0);
     const Tensor& mask = ctx->input(1);  // host memory
     OP_REQUIRES(ctx, input.dims() == 2,
-                tensorflow::errors::InvalidArgument("input must be [tokens, hidden], got ",
-                                                    input.shape().DebugString()));
+                InvalidArgument("input must be [tokens, hidden], got ", input.shape().DebugString()));
     OP_REQUIRES(ctx, mask.dims() == 2,
-                tensorflow::errors::InvalidArgument("input_mask must be [batch, seq], got ",
-                                                    mask.shape().DebugString()));
+                InvalidArgument("input_mask must be [batch, seq], got ", mask.shape().DebugString()));
     const int64_t b = mask.dim_size(0), s = mask.dim_size(1), h = input.dim_size(1);
     tensorflow::AllocatorAttributes on_host;
     on_host.set_on_host(true);
@@ -203,9 +200,8 @@ class BertRebuildPaddingGpuOp : public OpKernel {
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromMask(mask, cu_host.flat<int32_t>().data(), &batch));
     OP_REQUIRES(ctx, batch.num_tokens == input.dim_size(0),
-                tensorflow::errors::InvalidArgument("input has ", input.dim_size(0),
-                                                    " packed tokens but input_mask has ", batch.num_tokens,
-                                                    " real positions"));
+                InvalidArgument("input has ", input.dim_size(0), " packed tokens but input_mask has ",
+                                batch.num_tokens, " real positions"));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, s, h}), &output));
     if (output->NumElements() == 0) return;
@@ -226,8 +222,7 @@ class BertGatherFirstTokenGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& input = ctx->input(0);
     OP_REQUIRES(ctx, input.dims() == 2,
-                tensorflow::errors::InvalidArgument("input must be [tokens, hidden], got ",
-                                                    input.shape().DebugString()));
+                InvalidArgument("input must be [tokens, hidden], got ", input.shape().DebugString()));
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), input.dim_size(0), &batch));  // host memory input
     Tensor* output = nullptr;
