@@ -3,8 +3,9 @@
 Three parts, all on this machine, side by side in one run (the CPUs are shared: quote the ratios):
 
 1. tiny model (1 layer, hidden 32: model time is negligible, so the server's own cost shows): latency of one
-   single-row Predict over gRPC with and without server-side batching vs. a direct in-process call, and the most
-   requests/s one server process sustains (closed loop, many requests in flight, client in this process).
+   single-row Predict over gRPC with and without server-side batching, and over REST on a kept-alive connection
+   and on a new connection per request, vs. a direct in-process call; and the most requests/s one server process
+   sustains (closed loop, many requests in flight, client in this process).
 2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
    signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
    (as the gRPC handler threads drive it): requests/s and mean batch size.
@@ -31,6 +32,7 @@ import time
 
 import grpc
 import numpy as np
+import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
@@ -75,7 +77,7 @@ def request_for(model: str, inputs: dict[str, np.ndarray]) -> predict_pb2.Predic
 
 
 class Server:
-    """A `bertserve serve` process with gRPC, and REST for its Prometheus metrics."""
+    """A `bertserve serve` process with gRPC and REST (also the Prometheus metrics)."""
 
     def __init__(self, name: str, base_path: str, batching: str | None):
         self.name = name
@@ -135,6 +137,12 @@ def interleaved_latency_us(calls: dict, count: int) -> dict:
     return summary
 
 
+def rest_predict(http, server: Server, body: dict) -> None:
+    """One REST Predict; `http` is a requests.Session (kept-alive connection) or the requests module (a new one)."""
+    reply = http.post(f"http://{server.server.rest_target}/v1/models/{server.name}:predict", json=body, timeout=30)
+    reply.raise_for_status()
+
+
 def closed_loop_rps(stub, request, in_flight: int, seconds: float) -> dict:
     """Keeps `in_flight` Predicts outstanding for `seconds`; returns completed requests/s and errors."""
     state = {"ok": 0, "errors": 0, "outstanding": in_flight}
@@ -169,15 +177,19 @@ def tiny_part(base: str, quick: bool) -> dict:
     one_row = warmup_inputs(TINY_CONFIG, 1, SEQ)
     function = tf.saved_model.load(os.path.join(path, "1")).signatures["serving_default"]
     request = request_for("tiny", one_row)
+    rest_body = {"inputs": {name: value.tolist() for name, value in one_row.items()}}
     with contextlib.ExitStack() as servers:
         plain = servers.enter_context(contextlib.closing(Server("tiny", path, None)))
+        session = servers.enter_context(requests.Session())
         batching = servers.enter_context(contextlib.closing(Server(
             "tiny", path, "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
                           "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")))
         latency = interleaved_latency_us({
             "direct_call": lambda: function(**{k: tf.constant(v) for k, v in one_row.items()})["scores"].numpy(),
             "grpc_no_batching": lambda: plain.stub.Predict(request, timeout=30),
-            "grpc_batching": lambda: batching.stub.Predict(request, timeout=30)}, 300 if quick else 2000)
+            "grpc_batching": lambda: batching.stub.Predict(request, timeout=30),
+            "rest_keep_alive": lambda: rest_predict(session, plain, rest_body),
+            "rest_new_connection": lambda: rest_predict(requests, plain, rest_body)}, 300 if quick else 2000)
         seconds = 3 if quick else 10
         rows_before, batches_before = batching.batch_sizes()
         throughput = {"grpc_no_batching": closed_loop_rps(plain.stub, request, 64, seconds),
@@ -188,7 +200,8 @@ def tiny_part(base: str, quick: bool) -> dict:
     return {"model": "1 layer, hidden 32, seq 32, one row per request; latency: one request at a time",
             "latency": latency,
             "server_cost_us_p50": {name: round(latency[name]["p50_us"] - direct_p50, 1)
-                                   for name in ("grpc_no_batching", "grpc_batching")},
+                                   for name in ("grpc_no_batching", "grpc_batching", "rest_keep_alive",
+                                                "rest_new_connection")},
             "max_throughput": throughput}
 
 

@@ -1,10 +1,16 @@
-"""HTTP/REST front end with TF Serving's URLs and JSON (g3doc/api_rest.md), plus the Prometheus endpoint."""
+"""HTTP/REST front end with TF Serving's URLs and JSON (g3doc/api_rest.md), plus the Prometheus endpoint.
+
+HTTP/1.1 with persistent connections, as TF Serving's own HTTP server: a client that keeps its connection (a
+requests.Session, a browser, a load balancer's pool) pays the TCP handshake once, not per request.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +28,8 @@ from bertserve.server.tensors import json_to_ndarray
 
 log = logging.getLogger("bertserve.server")
 MAX_BODY_BYTES = 256 << 20
+# A kept-alive connection idle this long is closed, so abandoned connections do not hold a thread each.
+KEEP_ALIVE_IDLE_SECONDS = 60.0
 
 _MODEL_URL = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)"
@@ -144,10 +152,58 @@ class RestApi:
         return _predict_body(result.outputs, layout["row"])
 
 
+class _Connections:
+    """The server's open client connections, and whether each is between requests, so that shutting down can
+    close the idle ones (whose threads wait for a next request that may never come) and let busy ones finish."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[socket.socket, bool] = {}
+        self.closing = False
+
+    def opened(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._idle[connection] = True
+
+    def closed(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._idle.pop(connection, None)
+
+    def set_idle(self, connection: socket.socket, idle: bool) -> None:
+        with self._lock:
+            self._idle[connection] = idle
+
+    def close_idle(self) -> None:
+        """From now on every response closes its connection; idle connections are shut down now."""
+        with self._lock:
+            self.closing = True
+            idle = [connection for connection, is_idle in self._idle.items() if is_idle]
+        for connection in idle:
+            with contextlib.suppress(OSError):  # the client may have gone already
+                connection.shutdown(socket.SHUT_RDWR)
+
+
 class _Handler(BaseHTTPRequestHandler):
     api: RestApi  # set on the subclass made per server
     slots: threading.BoundedSemaphore  # --rest_api_num_threads requests handled at once
-    protocol_version = "HTTP/1.0"
+    connections: _Connections
+    protocol_version = "HTTP/1.1"
+    timeout = KEEP_ALIVE_IDLE_SECONDS
+    # Headers and body go out in two writes; with Nagle's algorithm the body would wait for the client's delayed
+    # ACK of the headers (~40 ms) on a kept-alive connection.
+    disable_nagle_algorithm = True
+
+    def setup(self) -> None:
+        super().setup()
+        self.connections.opened(self.connection)
+
+    def finish(self) -> None:
+        self.connections.closed(self.connection)
+        super().finish()
+
+    def parse_request(self) -> bool:
+        self.connections.set_idle(self.connection, False)  # a request line arrived
+        return super().parse_request()
 
     def _respond(self, method: str) -> None:
         body = b""
@@ -158,6 +214,7 @@ class _Handler(BaseHTTPRequestHandler):
             length = -1
         if length < 0 or length > MAX_BODY_BYTES:
             status, payload = 400, {"error": f"bad Content-Length {length_text!r} (limit {MAX_BODY_BYTES} bytes)"}
+            self.close_connection = True  # the unread body would be taken for the next request
         else:
             body = self.rfile.read(length) if length else b""
             with self.slots:
@@ -166,11 +223,17 @@ class _Handler(BaseHTTPRequestHandler):
             data, content_type = payload, "text/plain; version=0.0.4; charset=utf-8"
         else:
             data, content_type = json.dumps(payload).encode("utf-8"), "application/json"
+        if self.connections.closing:
+            self.close_connection = True
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
+        self.wfile.flush()
+        self.connections.set_idle(self.connection, True)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._respond("GET")
@@ -183,10 +246,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class RestServer:
-    """A threaded HTTP server; close() stops accepting and waits for in-flight requests."""
+    """A threaded HTTP server; close() stops accepting, closes idle connections and waits for in-flight requests."""
 
     def __init__(self, port: int, api: RestApi, num_threads: int):
-        handler = type("BoundHandler", (_Handler,), {"api": api, "slots": threading.BoundedSemaphore(num_threads)})
+        self._connections = _Connections()
+        handler = type("BoundHandler", (_Handler,), {"api": api, "slots": threading.BoundedSemaphore(num_threads),
+                                                     "connections": self._connections})
         self._server = ThreadingHTTPServer(("0.0.0.0", port), handler)
         self._server.daemon_threads = False
         self._server.block_on_close = True
@@ -195,4 +260,5 @@ class RestServer:
 
     def close(self) -> None:
         self._server.shutdown()
+        self._connections.close_idle()
         self._server.server_close()

@@ -3,6 +3,7 @@ queue overflow, deadlines, SIGTERM drain, refused flags."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from bertserve.server.rest import KEEP_ALIVE_IDLE_SECONDS
 from serving_harness import REPO_ROOT
 from tiny_models import predict_request, token_inputs
 
@@ -154,11 +156,18 @@ def test_queue_overflow_deadline_and_sigterm_drain(models_dir, tmp_path, start_s
     finished_at = []
     for future in in_flight:
         future.add_done_callback(lambda _: finished_at.append(time.monotonic()))
+    # A kept-alive REST connection left idle must not hold the shutdown until its idle timeout.
+    host, port = server.rest.removeprefix("http://").rsplit(":", 1)
+    idle = http.client.HTTPConnection(host, int(port), timeout=30)
+    idle.request("GET", "/v1/models/slow")
+    assert idle.getresponse().read()
     time.sleep(0.1)
     terminated_at = time.monotonic()
-    assert server.terminate() == 0
+    assert server.terminate(timeout=KEEP_ALIVE_IDLE_SECONDS / 2) == 0
     assert [f.result().model_spec.name for f in in_flight] == ["slow"] * 2
     assert max(finished_at) > terminated_at  # at least one was still running or queued at SIGTERM
+    assert idle.sock.recv(1) == b""  # the server closed the idle connection
+    idle.close()
     assert "stopped" in server.log()
 
 

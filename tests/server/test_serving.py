@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
+import socket
 
 import grpc
 import numpy as np
@@ -78,6 +81,37 @@ def test_rest_equals_grpc_in_row_and_columnar_form(server):
         reply = requests.post(server.rest + url, json=columnar, timeout=30)
         assert reply.status_code == 200, reply.text
         np.testing.assert_allclose(reply.json()["outputs"], grpc_scores, rtol=0, atol=1e-6)
+
+
+def _rest_host_port(server) -> tuple[str, int]:
+    host, port = server.rest.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def test_rest_keeps_connections_alive_and_closes_one_after_a_refused_length(server):
+    """HTTP/1.1 persistent connections, as TF Serving's HTTP server: several requests over one TCP connection."""
+    connection = http.client.HTTPConnection(*_rest_host_port(server), timeout=30)
+    body = json.dumps({"inputs": {name: value.tolist() for name, value in token_inputs(2, 8).items()}})
+    sockets = []
+    for _ in range(3):
+        connection.request("POST", "/v1/models/tiny:predict", body=body,
+                           headers={"Content-Type": "application/json"})
+        reply = connection.getresponse()
+        assert (reply.status, reply.version, reply.getheader("Connection")) == (200, 11, None)
+        assert len(json.loads(reply.read())["outputs"]) == 2
+        sockets.append(connection.sock)
+    assert sockets[0] is not None and all(sock is sockets[0] for sock in sockets)
+    connection.close()
+
+    # A refused Content-Length leaves the body unread, so the server answers and closes rather than parse it.
+    with socket.create_connection(_rest_host_port(server), timeout=30) as raw:
+        raw.sendall(b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: test\r\nContent-Length: -5\r\n\r\n{}")
+        received = b""
+        while chunk := raw.recv(65536):
+            received += chunk
+    head, _, payload = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"Connection: close" in head
+    assert "bad Content-Length" in json.loads(payload)["error"]
 
 
 def test_multi_output_signature_and_output_filter(server):
