@@ -9,7 +9,6 @@
 #include <cmath>
 #include <vector>
 
-#include "custom_ops/kernels/cpu_gemm.h"
 #include "custom_ops/kernels/cpu_math.h"
 
 namespace bertserve {
@@ -61,7 +60,6 @@ void AttentionHeads(const float* q, const float* k, const float* v, int64_t ld, 
 void SelfAttention(const EncoderDims& d, const PackedBatch& batch, const float* qkv, float* context,
                    const ThreadPool& pool) {
   if (batch.max_seqlen == 0) return;
-  UseSequentialMkl();
   const int64_t hidden = d.hidden, head_size = d.head_size(), max_len = batch.max_seqlen;
   const int64_t group = HeadsPerTask(d, batch, pool.num_threads);
   const int64_t groups = (d.num_heads + group - 1) / group;

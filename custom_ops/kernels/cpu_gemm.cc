@@ -3,7 +3,6 @@
 #include <mkl.h>
 
 #include <algorithm>
-#include <mutex>
 #include <new>
 
 namespace bertserve {
@@ -54,19 +53,20 @@ void ForEachTile(const ThreadPool& pool, int64_t m, int64_t n, int64_t block_col
   pool.parallel_for(tiles, static_cast<int64_t>(flops / tiles), run_tiles);
 }
 
-}  // namespace
+// Every MKL call of the CPU backend (these GEMMs, attention's batched GEMMs and exponentials) runs on the thread
+// that makes it: MKL's own threads would compete with TensorFlow's intra-op pool, which is meant to be the only
+// set of threads. Set once, when the op library loads, before any kernel can call MKL.
+struct SequentialMkl {
+  SequentialMkl() { mkl_set_threading_layer(MKL_THREADING_SEQUENTIAL); }
+};
+const SequentialMkl kSequentialMkl;
 
-// MKL's own threads would compete with TensorFlow's pool.
-void UseSequentialMkl() {
-  static std::once_flag once;
-  std::call_once(once, [] { mkl_set_threading_layer(MKL_THREADING_SEQUENTIAL); });
-}
+}  // namespace
 
 void PackedMatrix::MklFree::operator()(void* p) const { mkl_free(p); }
 
 PackedMatrix::PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b)
     : k_(k), n_(n), block_columns_(BlockColumns(pool, n)) {
-  UseSequentialMkl();
   blocks_.resize((n + block_columns_ - 1) / block_columns_);
   // MKL picks the packed layout of B by the row count of A it is told: a layout packed for a few rows is copied
   // again inside every product with many rows (a tenth of the encoder's time at 256 tokens), while the layout
@@ -86,7 +86,6 @@ PackedMatrix::PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const f
 
 void ParallelGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
                   const GemmEpilogue& epilogue) {
-  UseSequentialMkl();
   ForEachTile(pool, m, n, BlockColumns(pool, n), 2.0 * m * n * k, [&](const GemmTile& tile) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tile.row_end - tile.row_begin),
                 static_cast<int>(tile.col_end - tile.col_begin), static_cast<int>(k), 1.0f, a + tile.row_begin * k,

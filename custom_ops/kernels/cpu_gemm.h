@@ -15,10 +15,6 @@
 namespace bertserve {
 namespace cpu {
 
-// Makes every MKL call run on the thread that makes it (TensorFlow's pool is the only set of threads); call it
-// before calling MKL.
-void UseSequentialMkl();
-
 // A tile of C: rows [row_begin, row_end) of columns [col_begin, col_end), which is column block `block`.
 struct GemmTile {
   int64_t block, row_begin, row_end, col_begin, col_end;
