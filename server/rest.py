@@ -169,9 +169,15 @@ class _Connections:
         with self._lock:
             self._idle.pop(connection, None)
 
-    def set_idle(self, connection: socket.socket, idle: bool) -> None:
+    def mark_busy(self, connection: socket.socket) -> None:
         with self._lock:
-            self._idle[connection] = idle
+            self._idle[connection] = False
+
+    def mark_idle(self, connection: socket.socket) -> bool:
+        """After a response; False once closing has begun (close_idle has passed this connection by)."""
+        with self._lock:
+            self._idle[connection] = True
+            return not self.closing
 
     def close_idle(self) -> None:
         """From now on every response closes its connection; idle connections are shut down now."""
@@ -202,7 +208,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().finish()
 
     def parse_request(self) -> bool:
-        self.connections.set_idle(self.connection, False)  # a request line arrived
+        self.connections.mark_busy(self.connection)  # a request line arrived
         return super().parse_request()
 
     def _respond(self, method: str) -> None:
@@ -232,8 +238,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
-        self.wfile.flush()
-        self.connections.set_idle(self.connection, True)
+        if not self.connections.mark_idle(self.connection):
+            self.close_connection = True
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._respond("GET")
