@@ -120,21 +120,18 @@ def optimize_onnx(weights, onnx_file: str) -> tuple[str, dict]:
 
 
 def ort_engine(path: str, threads: int, hf_inputs: bool, config: dict[str, str]) -> Engine:
-    """An ONNX Runtime CPU session on `path` with session config entries `config`."""
-    import onnxruntime
+    """An ONNX Runtime CPU session on `path` with session config entries `config`, set up by OnnxRanker (what
+    `bertserve export --onnx` validates with). The Hugging Face graph has its own inputs and output (int64 ids,
+    logits), so it is fed through the ranker's session directly."""
+    from bertserve.export.onnx_export import OnnxRanker
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    for key, value in config.items():
-        options.add_session_config_entry(key, value)
-    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    ranker = OnnxRanker(path, threads, session_config=config)
     if not hf_inputs:
-        return lambda ids, mask, segments: session.run(
-            None, {"input_ids": ids, "input_mask": mask, "segment_ids": segments})[0]
+        return ranker.scores
 
     def run(ids, mask, segments):
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
-        (logits,) = session.run(None, {k: v.astype(np.int64) for k, v in feeds.items()})
+        (logits,) = ranker.session.run(None, {k: v.astype(np.int64) for k, v in feeds.items()})
         return 1.0 / (1.0 + np.exp(-logits[:, 0]))
 
     return run

@@ -17,6 +17,7 @@ layer, so the graph reads each directly where the frozen graph would have folded
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -103,11 +104,16 @@ def export_onnx(weights: BertWeights, path: str, opset: int = ONNX_OPSET) -> str
 
 
 class OnnxRanker:
-    """Runs an exported ONNX ranker with onnxruntime on CPU (same inputs and output as the signature)."""
+    """Runs an exported ONNX ranker with onnxruntime on CPU (same inputs and output as the signature).
 
-    def __init__(self, path: str, threads: int = 0):
+    threads: intra-op threads (0: onnxruntime's default); session_config: extra session config entries, e.g.
+    {"session.force_spinning_stop": "1"} (bench/cpu_encoder.py) so idle workers stop spinning after a run."""
+
+    def __init__(self, path: str, threads: int = 0, session_config: Mapping[str, str] | None = None):
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
+        for key, value in (session_config or {}).items():
+            options.add_session_config_entry(key, value)
         self.session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def scores(self, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
