@@ -51,6 +51,15 @@ def test_agrees_with_reference_and_ignores_padding(tiny_onnx, tiny_weights):
     assert np.max(np.abs(padded - scores)) <= 1e-6
 
 
+def test_session_options_reach_the_session(tiny_onnx, tiny_weights):
+    ranker = onnx_export.OnnxRanker(tiny_onnx, threads=1, session_config={"session.force_spinning_stop": "1"})
+    options = ranker.session.get_session_options()
+    assert options.intra_op_num_threads == 1
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    inputs = padded_inputs([5, 3], seq=8, config=TINY_CONFIG)
+    assert np.max(np.abs(ranker.scores(**inputs) - reference.scores(tiny_weights, **inputs))) <= 1e-5
+
+
 def test_two_label_head_agrees_with_reference(tmp_path):
     weights = BertWeights.random(dataclasses.replace(TINY_CONFIG, num_labels=2, num_hidden_layers=1), seed=3,
                                  scale=0.2)
