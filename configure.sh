@@ -30,7 +30,8 @@ platforms_dir="${BAZEL_PLATFORMS_DIR:-/usr/share/bazel/tools/platforms}"
 # TensorFlow logs on stderr while importing: keep it for the error message only.
 stderr_log="$(mktemp)"
 trap 'rm -f "$stderr_log"' EXIT
-wheel_config="$(TF_CPP_MIN_LOG_LEVEL=3 "$python_bin" - 2>"$stderr_log" <<'PY'
+# MKL's paths come from setup.py (imported from the workspace root, argv[1]), so both builds link the same files.
+wheel_config="$(TF_CPP_MIN_LOG_LEVEL=3 "$python_bin" - "$WORKSPACE_DIR" 2>"$stderr_log" <<'PY'
 import os
 import sys
 from importlib import metadata
@@ -40,16 +41,8 @@ try:
 except ImportError as e:
     sys.exit(f"cannot import tensorflow ({e}): pip install tensorflow, or set PYTHON=/path/to/python")
 
-
-def wheel_file(distribution, name):
-    try:
-        files = metadata.distribution(distribution).files or []
-    except metadata.PackageNotFoundError:
-        sys.exit(f"no {distribution} wheel: pip install {distribution}, or set PYTHON=/path/to/python")
-    for file in files:
-        if file.name == name:
-            return str(file.locate().resolve())
-    sys.exit(f"the {distribution} wheel has no {name}: reinstall it")
+sys.path.insert(0, sys.argv[1])
+import setup  # noqa: E402  (the workspace's setup.py; setuptools.setup() runs only when it is the main script)
 
 
 def emit(prefix, header_dir, library, copts, linkopts, version, link_from_wheel=False):
@@ -73,8 +66,11 @@ emit("TF", tf.sysconfig.get_include(), os.path.join(lib_dir, lib_name),
 
 # MKL: mkl.h from mkl-include, the single dynamic library libmkl_rt from mkl, linked where the wheel put it (it
 # loads its CPU-specific kernels from its own folder at run time), the same as setup.py.
-emit("BLAS", os.path.dirname(wheel_file("mkl-include", "mkl.h")), wheel_file("mkl", "libmkl_rt.so.3"), [], [],
-     metadata.version("mkl"), link_from_wheel=True)
+try:
+    mkl_include_dir, mkl_library = setup.mkl_paths()
+except (ModuleNotFoundError, FileNotFoundError) as e:
+    sys.exit(f"{e}, or set PYTHON=/path/to/python")
+emit("BLAS", mkl_include_dir, mkl_library, [], [], metadata.version("mkl"), link_from_wheel=True)
 PY
 )" || die "$python_bin cannot provide the wheels the build needs: $(tail -n 3 "$stderr_log")"
 

@@ -1,6 +1,7 @@
 """Builds the fused-encoder op library with g++ and TensorFlow's own compile/link flags (no Bazel).
 
-`pip install --no-build-isolation -e .` runs this; so does `python setup.py build_ext --inplace`.
+`pip install --no-build-isolation -e .` runs this; so does `python setup.py build_ext --inplace`. configure.sh
+imports it for the MKL paths (`mkl_paths`), so the Bazel build links the same MKL.
 The same sources build with Bazel (`bazel build //custom_ops:all`); tests check both give identical outputs.
 """
 
@@ -37,14 +38,18 @@ def wheel_file(distribution: str, name: str) -> str:
     raise FileNotFoundError(f"the {distribution} wheel has no {name}: reinstall it")
 
 
+def mkl_paths() -> tuple[str, str]:
+    """Intel MKL as the mkl and mkl-include wheels installed it: the folder of mkl.h, and the single dynamic
+    library libmkl_rt, which picks its kernels for the CPU at run time. configure.sh gives the Bazel build the
+    same two paths."""
+    return os.path.dirname(wheel_file("mkl-include", "mkl.h")), wheel_file("mkl", "libmkl_rt.so.3")
+
+
 def blas_flags() -> tuple[list[str], list[str]]:
-    """Compile and link flags for Intel MKL from the mkl and mkl-include wheels: mkl.h, and the single dynamic
-    library libmkl_rt, which picks its kernels for the CPU at run time; the rpath lets the op library find it
-    wherever the wheel is installed. The Bazel build uses the same flags (see custom_ops/README.md)."""
-    include_dir = os.path.dirname(wheel_file("mkl-include", "mkl.h"))
-    library = wheel_file("mkl", "libmkl_rt.so.3")
-    lib_dir = os.path.dirname(library)
-    return ["-I", include_dir], [library, f"-Wl,-rpath,{lib_dir}"]
+    """Compile and link flags for MKL (see custom_ops/README.md); the rpath lets the op library find libmkl_rt
+    wherever the wheel is installed, and libmkl_rt its CPU-specific parts in its own folder."""
+    include_dir, library = mkl_paths()
+    return ["-I", include_dir], [library, f"-Wl,-rpath,{os.path.dirname(library)}"]
 
 
 class TensorFlowOpBuild(build_ext):
@@ -75,8 +80,9 @@ class TensorFlowOpBuild(build_ext):
         subprocess.check_call(cmd)
 
 
-SOURCES = op_sources()
-setup(
-    ext_modules=[Extension("bertserve.custom_ops._bert_ops", sources=SOURCES)] if SOURCES else [],
-    cmdclass={"build_ext": TensorFlowOpBuild},
-)
+if __name__ == "__main__":  # pip's build backend runs this file as __main__ too; configure.sh imports it
+    sources = op_sources()
+    setup(
+        ext_modules=[Extension("bertserve.custom_ops._bert_ops", sources=sources)] if sources else [],
+        cmdclass={"build_ext": TensorFlowOpBuild},
+    )
