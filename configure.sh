@@ -45,10 +45,9 @@ sys.path.insert(0, sys.argv[1])
 import setup  # noqa: E402  (the workspace's setup.py; setuptools.setup() runs only when it is the main script)
 
 
-def emit(prefix, header_dir, library, copts, linkopts, version, link_from_wheel=False):
+def emit(prefix, header_dir, library, copts, linkopts, version):
     for name, value in (("HEADER_DIR", header_dir), ("SHARED_LIBRARY", library), ("COPTS", " ".join(copts)),
-                        ("LINKOPTS", " ".join(linkopts)), ("VERSION", version),
-                        ("LINK_FROM_WHEEL", "1" if link_from_wheel else "0")):
+                        ("LINKOPTS", " ".join(linkopts)), ("VERSION", version)):
         print(f"{prefix}_{name}={value}")
 
 
@@ -64,13 +63,13 @@ for flag in tf.sysconfig.get_link_flags():
 emit("TF", tf.sysconfig.get_include(), os.path.join(lib_dir, lib_name),
      [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("-I")], [], tf.__version__)
 
-# MKL: mkl.h from mkl-include, the single dynamic library libmkl_rt from mkl, linked where the wheel put it (it
-# loads its CPU-specific kernels from its own folder at run time), the same as setup.py.
+# MKL: mkl.h from mkl-include, the single dynamic library libmkl_rt from mkl, the same as setup.py (WORKSPACE has
+# Bazel link it where the wheel put it).
 try:
     mkl_include_dir, mkl_library = setup.mkl_paths()
 except (ModuleNotFoundError, FileNotFoundError) as e:
     sys.exit(f"{e}, or set PYTHON=/path/to/python")
-emit("BLAS", mkl_include_dir, mkl_library, [], [], metadata.version("mkl"), link_from_wheel=True)
+emit("BLAS", mkl_include_dir, mkl_library, [], [], metadata.version("mkl"))
 PY
 )" || die "$python_bin cannot provide the wheels the build needs: $(tail -n 3 "$stderr_log")"
 

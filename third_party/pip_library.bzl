@@ -1,19 +1,19 @@
 """A C++ library taken from an installed pip wheel: its headers, its shared library and its compile flags.
 
-configure.sh reads them from the wheel (tf.sysconfig for TensorFlow, the files of the mkl and mkl-include wheels
-for MKL) and passes them as --repo_env <PREFIX>_*; a change in any of them (another interpreter, another
-version) makes Bazel create the repository again. Nothing is downloaded.
+configure.sh reads them from the wheel (tf.sysconfig for TensorFlow, setup.py's mkl_paths for the mkl and
+mkl-include wheels) and passes them as --repo_env <PREFIX>_*; a change in any of them (another interpreter,
+another version) makes Bazel create the repository again. Nothing is downloaded.
 
-<PREFIX>_LINK_FROM_WHEEL=1 links the library where the wheel put it (-L, -l:, rpath) instead of through Bazel's
-own copy of it: MKL's libmkl_rt loads its CPU-specific libraries from the folder it was itself loaded from,
-which must therefore be the wheel's.
+link_from_wheel = True links the library where the wheel put it (-L, -l:, rpath) instead of through Bazel's own
+copy of it: MKL's libmkl_rt loads its CPU-specific libraries from the folder it was itself loaded from, which
+must therefore be the wheel's.
 
 The repository holds:
   //:<target_name>     cc_library: the headers (include path set) and the shared library to link;
   //:build_defs.bzl    COPTS: the wheel's compile flags other than -I, for the code that uses it; VERSION.
 """
 
-_SUFFIXES = ["HEADER_DIR", "SHARED_LIBRARY", "COPTS", "LINKOPTS", "VERSION", "LINK_FROM_WHEEL"]
+_SUFFIXES = ["HEADER_DIR", "SHARED_LIBRARY", "COPTS", "LINKOPTS", "VERSION"]
 _PREFIXES = ["TF", "BLAS"]
 
 _BUILD = """\
@@ -60,7 +60,7 @@ def _pip_library_impl(repository_ctx):
 
     repository_ctx.symlink(_env(repository_ctx, "HEADER_DIR"), "include")
     linkopts = _flags(_env(repository_ctx, "LINKOPTS", required = False))
-    if _env(repository_ctx, "LINK_FROM_WHEEL", required = False) == "1":
+    if repository_ctx.attr.link_from_wheel:
         srcs = []
         linkopts = ["-L%s" % library.dirname, "-l:%s" % library.basename, "-Wl,-rpath,%s" % library.dirname] + linkopts
     else:
@@ -84,6 +84,10 @@ pip_library = repository_rule(
         "env_prefix": attr.string(mandatory = True, values = _PREFIXES),
         "target_name": attr.string(mandatory = True),
         "description": attr.string(mandatory = True),
+        "link_from_wheel": attr.bool(
+            default = False,
+            doc = "Link the shared library in the wheel's folder (with an rpath to it), not a copy in this repository.",
+        ),
     },
     environ = ["%s_%s" % (prefix, suffix) for prefix in _PREFIXES for suffix in _SUFFIXES],
     local = True,
