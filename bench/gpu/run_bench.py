@@ -297,6 +297,7 @@ def stage_time(res: Results, quick: bool) -> None:
             graph = ranker.graph_for(bs, core.token_bucket(n))
             row["core_graph_ms"] = median_ms(graph.replay)
             row["core_eager_ms"] = median_ms(lambda: ranker._launch(bs, n))
+            ranker.graphs.clear()  # every row replays a graph captured for it, as the variants below do
             for key, variant in variants.items():  # the same batch through the other GEMM paths, side by side
                 variant._stage(ids, seg, lengths)
                 row[key] = median_ms(variant.graph_for(bs, core.token_bucket(n)).replay)
