@@ -113,6 +113,16 @@ def test_rest_keeps_connections_alive_and_closes_one_after_a_refused_length(serv
     assert head.startswith(b"HTTP/1.1 400") and b"Connection: close" in head
     assert "bad Content-Length" in json.loads(payload)["error"]
 
+    # An HTTP/1.0 client (no keep-alive asked for) gets its answer and the connection closed after it.
+    with socket.create_connection(_rest_host_port(server), timeout=30) as raw:
+        raw.sendall(b"GET /v1/models/tiny HTTP/1.0\r\n\r\n")
+        received = b""
+        while chunk := raw.recv(65536):
+            received += chunk
+    head, _, payload = received.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"200"
+    assert {status["version"] for status in json.loads(payload)["model_version_status"]} == {"1", "2"}
+
 
 def test_multi_output_signature_and_output_filter(server):
     inputs = token_inputs(3, 6, seed=1)
