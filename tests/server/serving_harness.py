@@ -28,6 +28,7 @@ def metric_total(text: str, name: str, **labels: str) -> float:
                 total += float(line.rsplit(" ", 1)[1])
     return total
 
+
 class ServerProcess:
     """`bertserve serve ...` in a subprocess, reached only through gRPC stubs and HTTP."""
 
@@ -41,6 +42,11 @@ class ServerProcess:
         self.predict = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
         self.rest = f"http://{self.server.rest_target}"
+
+    @property
+    def rest_address(self) -> tuple[str, int]:
+        """(host, port) of the REST front end, for tests that speak HTTP on a socket of their own."""
+        return "localhost", self.server.rest_port
 
     def log(self) -> str:
         with open(self.server.log_path, encoding="utf-8", errors="replace") as handle:

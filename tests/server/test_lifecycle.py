@@ -157,8 +157,7 @@ def test_queue_overflow_deadline_and_sigterm_drain(models_dir, tmp_path, start_s
     for future in in_flight:
         future.add_done_callback(lambda _: finished_at.append(time.monotonic()))
     # A kept-alive REST connection left idle must not hold the shutdown until its idle timeout.
-    host, port = server.rest.removeprefix("http://").rsplit(":", 1)
-    idle = http.client.HTTPConnection(host, int(port), timeout=30)
+    idle = http.client.HTTPConnection(*server.rest_address, timeout=30)
     idle.request("GET", "/v1/models/slow")
     assert idle.getresponse().read()
     time.sleep(0.1)

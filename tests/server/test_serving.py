@@ -19,7 +19,6 @@ from serving_harness import METRICS_PATH, ServerProcess, metric_total
 from tiny_models import VOCAB, direct_scores, predict_request, tensor, token_inputs
 
 
-
 @pytest.fixture(scope="module")
 def server(models_dir, tmp_path_factory):
     config_dir = tmp_path_factory.mktemp("config")
@@ -83,14 +82,20 @@ def test_rest_equals_grpc_in_row_and_columnar_form(server):
         np.testing.assert_allclose(reply.json()["outputs"], grpc_scores, rtol=0, atol=1e-6)
 
 
-def _rest_host_port(server) -> tuple[str, int]:
-    host, port = server.rest.removeprefix("http://").rsplit(":", 1)
-    return host, int(port)
+def _exchange_until_closed(server, request: bytes) -> tuple[bytes, bytes]:
+    """Sends a raw HTTP request on a new connection and reads until the server closes it: (head, body)."""
+    with socket.create_connection(server.rest_address, timeout=30) as raw:
+        raw.sendall(request)
+        received = b""
+        while chunk := raw.recv(65536):
+            received += chunk
+    head, _, payload = received.partition(b"\r\n\r\n")
+    return head, payload
 
 
 def test_rest_keeps_connections_alive_and_closes_one_after_a_refused_length(server):
     """HTTP/1.1 persistent connections, as TF Serving's HTTP server: several requests over one TCP connection."""
-    connection = http.client.HTTPConnection(*_rest_host_port(server), timeout=30)
+    connection = http.client.HTTPConnection(*server.rest_address, timeout=30)
     body = json.dumps({"inputs": {name: value.tolist() for name, value in token_inputs(2, 8).items()}})
     sockets = []
     for _ in range(3):
@@ -104,22 +109,13 @@ def test_rest_keeps_connections_alive_and_closes_one_after_a_refused_length(serv
     connection.close()
 
     # A refused Content-Length leaves the body unread, so the server answers and closes rather than parse it.
-    with socket.create_connection(_rest_host_port(server), timeout=30) as raw:
-        raw.sendall(b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: test\r\nContent-Length: -5\r\n\r\n{}")
-        received = b""
-        while chunk := raw.recv(65536):
-            received += chunk
-    head, _, payload = received.partition(b"\r\n\r\n")
+    head, payload = _exchange_until_closed(
+        server, b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: test\r\nContent-Length: -5\r\n\r\n{}")
     assert head.startswith(b"HTTP/1.1 400") and b"Connection: close" in head
     assert "bad Content-Length" in json.loads(payload)["error"]
 
     # An HTTP/1.0 client (no keep-alive asked for) gets its answer and the connection closed after it.
-    with socket.create_connection(_rest_host_port(server), timeout=30) as raw:
-        raw.sendall(b"GET /v1/models/tiny HTTP/1.0\r\n\r\n")
-        received = b""
-        while chunk := raw.recv(65536):
-            received += chunk
-    head, _, payload = received.partition(b"\r\n\r\n")
+    head, payload = _exchange_until_closed(server, b"GET /v1/models/tiny HTTP/1.0\r\n\r\n")
     assert head.split(b" ", 2)[1] == b"200"
     assert {status["version"] for status in json.loads(payload)["model_version_status"]} == {"1", "2"}
 
