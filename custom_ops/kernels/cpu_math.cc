@@ -13,29 +13,27 @@ namespace {
 
 constexpr int kLanes = 16;  // independent partial sums, so reductions vectorise without -ffast-math
 
-inline float Sum(const float* x, int64_t n) {
-  float acc[kLanes] = {};
+// Folds x with op into kLanes partial results, then the tail and the partials into one, starting from init.
+template <typename Op>
+inline float LaneReduce(const float* x, int64_t n, float init, Op op) {
+  float acc[kLanes];
+  std::fill(acc, acc + kLanes, init);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l];
+    for (int l = 0; l < kLanes; ++l) acc[l] = op(acc[l], x[i + l]);
   }
-  float total = 0.0f;
-  for (; i < n; ++i) total += x[i];
-  for (int l = 0; l < kLanes; ++l) total += acc[l];
-  return total;
+  float result = init;
+  for (; i < n; ++i) result = op(result, x[i]);
+  for (int l = 0; l < kLanes; ++l) result = op(result, acc[l]);
+  return result;
+}
+
+inline float Sum(const float* x, int64_t n) {
+  return LaneReduce(x, n, 0.0f, [](float a, float b) { return a + b; });
 }
 
 inline float Max(const float* x, int64_t n) {
-  float acc[kLanes];
-  std::fill(acc, acc + kLanes, x[0]);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], x[i + l]);
-  }
-  float result = x[0];
-  for (; i < n; ++i) result = std::max(result, x[i]);
-  for (int l = 0; l < kLanes; ++l) result = std::max(result, acc[l]);
-  return result;
+  return LaneReduce(x, n, x[0], [](float a, float b) { return std::max(a, b); });
 }
 
 inline float SumSquaredDeviation(const float* x, float mean, int64_t n) {
