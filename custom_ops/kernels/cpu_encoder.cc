@@ -132,6 +132,17 @@ void LayerGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const fl
   }
 }
 
+// Epilogue of a GEMM into c (rows of ld floats): row_fn (AddBias or AddBiasGelu) on each row of a finished tile,
+// with the tile's slice of bias.
+GemmEpilogue BiasRowsEpilogue(void (*row_fn)(const float*, int64_t, float*), const float* bias, float* c,
+                              int64_t ld) {
+  return [=](const GemmTile& t) {
+    for (int64_t r = t.row_begin; r < t.row_end; ++r) {
+      row_fn(bias + t.col_begin, t.col_end - t.col_begin, c + r * ld + t.col_begin);
+    }
+  };
+}
+
 }  // namespace
 
 // The GEMM weights of one layer in MKL's packed layout.
@@ -157,11 +168,8 @@ void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const Pa
   const int64_t n = batch.num_tokens, hidden = d.hidden, inter = d.intermediate;
   const float eps = d.layer_norm_epsilon;
 
-  LayerGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, packed ? &packed->qkv : nullptr, s.qkv, [&](const GemmTile& t) {
-    for (int64_t r = t.row_begin; r < t.row_end; ++r) {
-      AddBias(w.qkv_bias + t.col_begin, t.col_end - t.col_begin, s.qkv + r * 3 * hidden + t.col_begin);
-    }
-  });
+  LayerGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, packed ? &packed->qkv : nullptr, s.qkv,
+            BiasRowsEpilogue(AddBias, w.qkv_bias, s.qkv, 3 * hidden));
   SelfAttention(d, batch, s.qkv, s.context, pool);
 
   LayerGemm(pool, n, hidden, hidden, s.context, w.attention_output_kernel,
@@ -172,12 +180,7 @@ void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const Pa
   });
 
   LayerGemm(pool, n, inter, hidden, x, w.intermediate_kernel, packed ? &packed->intermediate : nullptr,
-            s.intermediate, [&](const GemmTile& t) {
-    for (int64_t r = t.row_begin; r < t.row_end; ++r) {
-      AddBiasGelu(w.intermediate_bias + t.col_begin, t.col_end - t.col_begin,
-                  s.intermediate + r * inter + t.col_begin);
-    }
-  });
+            s.intermediate, BiasRowsEpilogue(AddBiasGelu, w.intermediate_bias, s.intermediate, inter));
   LayerGemm(pool, n, hidden, inter, s.intermediate, w.output_kernel, packed ? &packed->output : nullptr,
             s.projection, {});
   ParallelRows(pool, n, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
