@@ -10,7 +10,6 @@ from bertserve.export import reference
 from bertserve.export.weights import BertWeights
 
 
-
 def check_against_reference(weights: BertWeights, lengths, seq: int, dtype=np.float32, seed: int = 0) -> None:
     ids, mask, segments = random_batch(np.random.default_rng(seed), lengths, seq, weights.config)
     hidden, cu_seqlens, first = run_fused(weights, ids, mask, segments, dtype)
