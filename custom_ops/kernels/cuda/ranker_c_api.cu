@@ -137,8 +137,7 @@ const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_s
 // half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
 // autotune, custom_gemms: GemmOptions (gemm.h).
 void* bertserve_cuda_ranker_create(int half, int autotune, int custom_gemms, int64_t vocab_size, int64_t hidden,
-                                   int64_t num_heads,
-                                   int64_t intermediate, int64_t num_layers, int64_t max_positions,
+                                   int64_t num_heads, int64_t intermediate, int64_t num_layers, int64_t max_positions,
                                    int64_t type_vocab_size, int64_t num_labels, float layer_norm_epsilon,
                                    const void* const* weights) {
   Ranker* ranker = nullptr;
