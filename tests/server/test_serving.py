@@ -255,11 +255,20 @@ def test_concurrent_single_row_requests_merge_into_batches(server):
 
 
 def test_metrics_keep_tf_serving_names(server):
+    """One OK and one NOT_FOUND Predict made here each add exactly 1 to TF Serving's request_count."""
+    def scrape() -> str:
+        return requests.get(server.rest + METRICS_PATH, timeout=30).text
+
+    before = scrape()
     server.predict.Predict(predict_request("tiny", token_inputs(1, 8)), timeout=30)
-    text = requests.get(server.rest + METRICS_PATH, timeout=30).text
+    assert _code(server.predict.Predict, predict_request("missing", token_inputs(1, 8)),
+                 timeout=30) == grpc.StatusCode.NOT_FOUND
+    text = scrape()
     assert "# TYPE :tensorflow:serving:request_count counter" in text
-    assert metric_total(text, ":tensorflow:serving:request_count", model_name="tiny", status="OK") >= 1
-    assert metric_total(text, ":tensorflow:serving:request_count", model_name="missing", status="NOT_FOUND") >= 1
+    for labels in ({"model_name": "tiny", "status": "OK"}, {"model_name": "missing", "status": "NOT_FOUND"}):
+        added = (metric_total(text, ":tensorflow:serving:request_count", **labels)
+                 - metric_total(before, ":tensorflow:serving:request_count", **labels))
+        assert added == 1, labels
     for name in (":tensorflow:serving:request_latency_bucket", ":tensorflow:serving:batching:batch_size_bucket",
                  ":tensorflow:serving:batching:processed_batch_size_v2",
                  ":tensorflow:serving:batching_session:queuing_latency_count", "bertserve_queue_delay_seconds_bucket"):
