@@ -27,12 +27,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from typing import Callable
 
 import numpy as np
+
+from bertserve.bench.machine import machine
 
 SEQ = 32
 MIN_CALLS = 5
@@ -50,17 +51,6 @@ ORT_ENGINES = ("ort_tf2onnx", "ort_hf_fused")
 ORT_STOP_SPINNING = {"session.force_spinning_stop": "1"}
 LOADS = {"uniform_8_32": (8, SEQ), "all_32": (SEQ, SEQ)}
 Engine = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-
-
-def machine() -> dict:
-    """CPU model and core count from lscpu, plus the load average (other jobs share these cores)."""
-    fields = {}
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    return {"cpu": fields.get("Model name"), "cpu_family_model": f"{fields.get('CPU family')}/{fields.get('Model')}",
-            "cores": int(fields.get("CPU(s)", "0")),
-            "flags_avx512f": "avx512f" in fields.get("Flags", ""), "load_average": os.getloadavg()}
 
 
 def make_inputs(batch: int, lengths: tuple[int, int], vocab: int, seed: int) -> tuple[np.ndarray, ...]:

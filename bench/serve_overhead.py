@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,6 +35,7 @@ import requests
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from bertserve.bench.machine import machine
 from bertserve.client.server_process import batch_size_totals, launch
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
@@ -49,14 +49,6 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=64, max_position_embeddings=64)
 SEQ = 32
-
-
-def machine() -> dict:
-    model = next((line.split(":", 1)[1].strip() for line in subprocess.run(
-        ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name")), "unknown")
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "tensorflow": tf.__version__,
-            "grpcio": grpc.__version__, "load_average_1m_at_start": round(os.getloadavg()[0], 2),
-            "note": "client, server and other work share these cores; compare ratios"}
 
 
 def export(base: str, name: str, config: BertConfig, variant: str) -> str:
@@ -301,7 +293,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "bench", "results", "serve_overhead.json"))
     args = parser.parse_args()
-    results = {"machine": machine(), "quick": args.quick}
+    results = {"machine": {**machine(), "python": platform.python_version(), "tensorflow": tf.__version__,
+                           "grpcio": grpc.__version__,
+                           "note": "client, server and other work share these cores; compare ratios"},
+               "quick": args.quick}
     with tempfile.TemporaryDirectory() as base:
         results["tiny"] = tiny_part(base, args.quick)
         print(json.dumps(results["tiny"], indent=1), flush=True)
@@ -317,7 +312,7 @@ def main() -> int:
         for variant in variants:
             results[f"chitchat_{variant}"] = chitchat_part(base, variant, args.quick)
             print(json.dumps(results[f"chitchat_{variant}"], indent=1), flush=True)
-    results["machine"]["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    results["machine"]["load_average_at_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(results, handle, indent=2)

@@ -1,0 +1,19 @@
+"""The machine a CPU benchmark ran on, recorded in its JSON result: timings from shared cores mean little
+without the CPU model, the core count and how busy the machine was."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+
+def machine() -> dict:
+    """CPU model, family/model, core count and AVX-512 support from lscpu, plus the load average (other jobs
+    share these cores)."""
+    fields = {}
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return {"cpu": fields.get("Model name"), "cpu_family_model": f"{fields.get('CPU family')}/{fields.get('Model')}",
+            "cores": int(fields.get("CPU(s)", "0")),
+            "flags_avx512f": "avx512f" in fields.get("Flags", ""), "load_average": os.getloadavg()}
