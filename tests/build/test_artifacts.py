@@ -2,7 +2,8 @@
 
 Each library runs in its own process (an op library registers its ops once per process); bertserve.custom_ops
 loads the one named by BERTSERVE_OPS_LIBRARY. The Bazel artifact comes from `./configure.sh && bazel build
-//custom_ops:all` (`make bazel`); this test skips only when that has not been run.
+//custom_ops:all` (`make bazel`); this test skips only when that has not been run, and fails when the artifact is
+older than the sources (bazel_freshness).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from bazel_freshness import stale_reason
 
 REPO = Path(__file__).resolve().parents[2]
 PIP_LIBRARY = REPO / "custom_ops" / "_bert_ops.so"
@@ -56,6 +59,9 @@ def both_libraries() -> tuple[Path, Path]:
     if not BAZEL_LIBRARY.exists():
         pytest.skip(f"Bazel artifact {BAZEL_LIBRARY.relative_to(REPO)} not built: run "
                     "`./configure.sh && bazel build //custom_ops:all` (make bazel)")
+    stale = stale_reason(BAZEL_LIBRARY, REPO)
+    if stale:
+        pytest.fail(f"stale Bazel artifact: {stale}")
     assert PIP_LIBRARY.exists(), f"pip artifact {PIP_LIBRARY} missing: run `make ops` (setup.py build_ext --inplace)"
     return PIP_LIBRARY, BAZEL_LIBRARY
 
