@@ -45,9 +45,9 @@ sys.path.insert(0, sys.argv[1])
 import setup  # noqa: E402  (the workspace's setup.py; setuptools.setup() runs only when it is the main script)
 
 
-def emit(prefix, header_dir, library, copts, linkopts, version):
+def emit(prefix, header_dir, library, copts, version):
     for name, value in (("HEADER_DIR", header_dir), ("SHARED_LIBRARY", library), ("COPTS", " ".join(copts)),
-                        ("LINKOPTS", " ".join(linkopts)), ("VERSION", version)):
+                        ("VERSION", version)):
         print(f"{prefix}_{name}={value}")
 
 
@@ -61,7 +61,7 @@ for flag in tf.sysconfig.get_link_flags():
     elif flag.startswith("-l"):
         lib_name = f"lib{flag[2:]}.so"
 emit("TF", tf.sysconfig.get_include(), os.path.join(lib_dir, lib_name),
-     [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("-I")], [], tf.__version__)
+     [f for f in tf.sysconfig.get_compile_flags() if not f.startswith("-I")], tf.__version__)
 
 # MKL: mkl.h from mkl-include, the single dynamic library libmkl_rt from mkl, the same as setup.py (WORKSPACE has
 # Bazel link it where the wheel put it).
@@ -69,7 +69,7 @@ try:
     mkl_include_dir, mkl_library = setup.mkl_paths()
 except (ModuleNotFoundError, FileNotFoundError) as e:
     sys.exit(f"{e}, or set PYTHON=/path/to/python")
-emit("BLAS", mkl_include_dir, mkl_library, [], [], metadata.version("mkl"))
+emit("BLAS", mkl_include_dir, mkl_library, [], metadata.version("mkl"))
 PY
 )" || die "$python_bin cannot provide the wheels the build needs: $(tail -n 3 "$stderr_log")"
 

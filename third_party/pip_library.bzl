@@ -13,7 +13,7 @@ The repository holds:
   //:build_defs.bzl    COPTS: the wheel's compile flags other than -I, for the code that uses it; VERSION.
 """
 
-_SUFFIXES = ["HEADER_DIR", "SHARED_LIBRARY", "COPTS", "LINKOPTS", "VERSION"]
+_SUFFIXES = ["HEADER_DIR", "SHARED_LIBRARY", "COPTS", "VERSION"]
 _PREFIXES = ["TF", "BLAS"]
 
 _BUILD = """\
@@ -59,12 +59,12 @@ def _pip_library_impl(repository_ctx):
     version = _env(repository_ctx, "VERSION")
 
     repository_ctx.symlink(_env(repository_ctx, "HEADER_DIR"), "include")
-    linkopts = _flags(_env(repository_ctx, "LINKOPTS", required = False))
     if repository_ctx.attr.link_from_wheel:
         srcs = []
-        linkopts = ["-L%s" % library.dirname, "-l:%s" % library.basename, "-Wl,-rpath,%s" % library.dirname] + linkopts
+        linkopts = ["-L%s" % library.dirname, "-l:%s" % library.basename, "-Wl,-rpath,%s" % library.dirname]
     else:
         srcs = [library.basename]
+        linkopts = []
         repository_ctx.symlink(library, library.basename)
     repository_ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % repository_ctx.name)
     repository_ctx.file("BUILD", _BUILD.format(
