@@ -78,8 +78,6 @@ __device__ __forceinline__ float FromFloat<float>(float v) {
   return v;
 }
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 __device__ __forceinline__ float WarpSum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -108,48 +106,6 @@ __device__ __forceinline__ int RowOfToken(const int32_t* cu_seqlens, int batch, 
   return lo;
 }
 
-// LayerNorm of one row held as kPairs float2 per lane (pair i of lane l is columns 2*(i*32+l), +1); columns
-// past `width` are zero and excluded. Two passes over registers: mean, then centred variance.
-template <typename T, int kPairs>
-__device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int lane, int width, const T* gamma,
-                                                        const T* beta, float epsilon, T* out) {
-  using V = Vec2<T>;
-  const auto* g2 = reinterpret_cast<const typename V::type*>(gamma);
-  const auto* b2 = reinterpret_cast<const typename V::type*>(beta);
-  float2 g[kPairs], b[kPairs];  // issued before the reductions so their latency overlaps them
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int p = i * 32 + lane;
-    if (2 * p < width) {
-      g[i] = V::ToFloat2(g2[p]);
-      b[i] = V::ToFloat2(b2[p]);
-    }
-  }
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) sum += v[i].x + v[i].y;
-  const float mean = WarpSum(sum) / width;
-  float sq = 0.f;
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int c = 2 * (i * 32 + lane);
-    if (c < width) {
-      const float dx = v[i].x - mean, dy = v[i].y - mean;
-      sq += dx * dx + dy * dy;
-    }
-  }
-  const float rstd = rsqrtf(WarpSum(sq) / width + epsilon);
-  auto* o2 = reinterpret_cast<typename V::type*>(out);
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int p = i * 32 + lane;
-    if (2 * p < width) {
-      o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * g[i].x + b[i].x,
-                                        (v[i].y - mean) * rstd * g[i].y + b[i].y));
-    }
-  }
-}
-
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Programmatic dependent launch: a kernel launched with LaunchAfterPredecessor may be scheduled while the kernel
@@ -158,33 +114,20 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // completed and its writes are visible. Captured into CUDA graphs as programmatic edges.
 __device__ __forceinline__ void WaitForPrecedingKernels() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
-// kAllBlocksAtOnce: a cooperative launch, every block of the grid resident at once (or the launch fails), as a
-// device-wide barrier (cooperative_groups' grid.sync) needs.
-enum class Residency { kAny, kAllBlocksAtOnce };
-
 template <typename... KernelArgs, typename... Args>
-void LaunchAfterPredecessor(Residency residency, const char* name, void (*kernel)(KernelArgs...), dim3 grid,
-                            dim3 block, size_t shared_bytes, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attributes[2]{};
-  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[0].val.programmaticStreamSerializationAllowed = 1;
-  attributes[1].id = cudaLaunchAttributeCooperative;
-  attributes[1].val.cooperative = 1;
+void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = residency == Residency::kAllBlocksAtOnce ? 2 : 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
   ThrowIfFailed(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
-}
-
-template <typename... KernelArgs, typename... Args>
-void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
-  LaunchAfterPredecessor(Residency::kAny, name, kernel, grid, block, shared_bytes, stream,
-                         std::forward<Args>(args)...);
 }
 
 // GELU in BERT's erf form, x * Phi(x), with Phi from Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7, below

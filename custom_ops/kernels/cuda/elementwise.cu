@@ -10,6 +10,48 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpsPerBlock * 32;
 
+// LayerNorm of one row held as kPairs float2 per lane (pair i of lane l is columns 2*(i*32+l), +1); columns
+// past `width` are zero and excluded. Two passes over registers: mean, then centred variance.
+template <typename T, int kPairs>
+__device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int lane, int width, const T* gamma,
+                                                        const T* beta, float epsilon, T* out) {
+  using V = Vec2<T>;
+  const auto* g2 = reinterpret_cast<const typename V::type*>(gamma);
+  const auto* b2 = reinterpret_cast<const typename V::type*>(beta);
+  float2 g[kPairs], b[kPairs];  // issued before the reductions so their latency overlaps them
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int p = i * 32 + lane;
+    if (2 * p < width) {
+      g[i] = V::ToFloat2(g2[p]);
+      b[i] = V::ToFloat2(b2[p]);
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) sum += v[i].x + v[i].y;
+  const float mean = WarpSum(sum) / width;
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int c = 2 * (i * 32 + lane);
+    if (c < width) {
+      const float dx = v[i].x - mean, dy = v[i].y - mean;
+      sq += dx * dx + dy * dy;
+    }
+  }
+  const float rstd = rsqrtf(WarpSum(sq) / width + epsilon);
+  auto* o2 = reinterpret_cast<typename V::type*>(out);
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    const int p = i * 32 + lane;
+    if (2 * p < width) {
+      o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * g[i].x + b[i].x,
+                                        (v[i].y - mean) * rstd * g[i].y + b[i].y));
+    }
+  }
+}
+
 template <typename T, int kPairs>
 __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ word, const T* __restrict__ position, const T* __restrict__ token_type,

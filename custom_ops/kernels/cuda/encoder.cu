@@ -4,7 +4,6 @@
 // packed throughout; the launch shapes come from the host-side PackedBatch, so nothing waits on the device.
 #include <cuda_fp16.h>
 
-#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -21,10 +20,6 @@ constexpr int64_t kAlignment = 256;
 
 int64_t Aligned(int64_t bytes) { return CeilDiv(bytes, kAlignment) * kAlignment; }
 
-int64_t SmallBatchSumsBytes(const EncoderDims& dims, int64_t tokens) {
-  return 2 * std::min(tokens, kSmallBatchMaxTokens) * dims.hidden * static_cast<int64_t>(sizeof(float));
-}
-
 // Carves the caller's workspace into the encoder's buffers, in the order EncoderWorkspaceBytes counts them.
 template <typename T>
 struct EncoderBuffers {
@@ -33,7 +28,6 @@ struct EncoderBuffers {
   T* context;  // [N, H]
   T* dense;    // [N, H]: a GEMM output before residual + LayerNorm
   T* ffn;      // [N, I]
-  float* sums;  // [2, N, H] for up to kSmallBatchMaxTokens tokens: the small-batch encoder's residual sums
 
   EncoderBuffers(const EncoderDims& dims, int64_t tokens, void* workspace) {
     auto* p = static_cast<unsigned char*>(workspace);
@@ -47,7 +41,6 @@ struct EncoderBuffers {
     context = static_cast<T*>(take(tokens * dims.hidden * sizeof(T)));
     dense = static_cast<T*>(take(tokens * dims.hidden * sizeof(T)));
     ffn = static_cast<T*>(take(tokens * dims.intermediate * sizeof(T)));
-    sums = static_cast<float*>(take(SmallBatchSumsBytes(dims, tokens)));
   }
 };
 
@@ -93,8 +86,7 @@ template <typename T>
 int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens) {
   const int64_t element = sizeof(T);
   return Aligned(kGemmWorkspaceBytes) + Aligned(max_tokens * 3 * dims.hidden * element) +
-         2 * Aligned(max_tokens * dims.hidden * element) + Aligned(max_tokens * dims.intermediate * element) +
-         Aligned(SmallBatchSumsBytes(dims, max_tokens));
+         2 * Aligned(max_tokens * dims.hidden * element) + Aligned(max_tokens * dims.intermediate * element);
 }
 
 template <typename T>
@@ -150,12 +142,6 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBa
   if (batch.num_tokens == 0) return;
   const EncoderBuffers<D> buf(dims, batch.num_tokens, workspace);
   const bool custom_gemms = UsesCustomGemms(gemm, dims, std::is_same_v<D, __half>);
-  if constexpr (std::is_same_v<D, __half>) {
-    if (custom_gemms && SmallBatchEncoderSupports(dims, batch)) {
-      return LaunchSmallBatchEncoder(dims, w, batch, ToDevice(hidden), {buf.dense, buf.qkv, buf.context, buf.ffn,
-                                     buf.sums}, AsStream(stream));
-    }
-  }
   for (int64_t l = 0; l < dims.num_layers; ++l) {
     Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, custom_gemms, ToDevice(hidden), gemm, stream);
   }

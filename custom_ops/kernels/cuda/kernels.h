@@ -10,12 +10,9 @@
 #ifndef BERTSERVE_KERNELS_CUDA_KERNELS_H_
 #define BERTSERVE_KERNELS_CUDA_KERNELS_H_
 
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-
-#include "custom_ops/kernels/bert_core.h"
 
 namespace bertserve {
 namespace cuda {
@@ -69,27 +66,6 @@ template <typename T>
 void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classifier_kernel,
                       const T* classifier_bias, int64_t batch, int64_t hidden, int64_t num_labels, float* scores,
                       cudaStream_t stream);
-
-// The one-launch fp16 encoder for a few dozen tokens (small_batch_encoder.cu): the whole stack, in place over
-// hidden [num_tokens, H], in one cooperative launch of one block per SM with device-wide barriers between phases.
-// It takes up to kSmallBatchMaxTokens tokens (so rows of at most that length), hidden <= kSmallBatchMaxHidden,
-// hidden and intermediate multiples of 48, head size 32 or 64 (SmallBatchEncoderSupports).
-constexpr int64_t kSmallBatchMaxTokens = 64;
-constexpr int64_t kSmallBatchMaxHidden = 768;
-
-// Its scratch, device memory for num_tokens rows: x, context [N, H], qkv [N, 3H], ffn [N, I] and sums [2, N, H].
-struct SmallBatchEncoderBuffers {
-  __half* x;        // a LayerNorm's output, the next residual add's input
-  __half* qkv;
-  __half* context;
-  __half* ffn;
-  float* sums;      // the two residual adds' fp32 sums before their LayerNorms
-};
-
-bool SmallBatchEncoderSupports(const EncoderDims& dims, const PackedBatch& batch);
-
-void LaunchSmallBatchEncoder(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch,
-                             __half* hidden, const SmallBatchEncoderBuffers& buffers, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace bertserve
