@@ -1,5 +1,5 @@
-"""The machine a CPU benchmark ran on, recorded in its JSON result: timings from shared cores mean little
-without the CPU model, the core count and how busy the machine was."""
+"""The host a benchmark ran on, recorded in its JSON result: timings from shared cores mean little without the CPU
+model, the core count and how busy the machine was (the CPU benchmarks, and the GPU harness for its host)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ _pkg.__path__ = [ROOT]
 sys.modules.setdefault("bertserve", _pkg)
 weights_mod = importlib.import_module("bertserve.export.weights")
 reference_mod = importlib.import_module("bertserve.export.reference")
+machine_mod = importlib.import_module("bertserve.bench.machine")
 
 import core  # noqa: E402
 import serving_replay  # noqa: E402
@@ -107,9 +108,8 @@ def environment() -> dict:
     smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                           "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     nvcc = subprocess.run("nvcc --version | tail -2", shell=True, capture_output=True, text=True).stdout.strip()
-    cpu = subprocess.run("lscpu | grep 'Model name'", shell=True, capture_output=True, text=True).stdout.strip()
     return {"gpu": torch.cuda.get_device_name(0), "nvidia_smi": smi, "nvcc": nvcc, "torch": torch.__version__,
-            "cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "host": machine_mod.machine(), "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
