@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -177,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _step(6, f"load test: open-loop QPS sweep, {args.replies} replies/query, P99 SLO {args.slo_ms:g} ms",
               started)
         prometheus_path = read_prometheus_path(args.monitoring_config_file)
-        before = batch_size_totals(server.rest_target, prometheus_path, MODEL_NAME) if prometheus_path else None
+        totals = functools.partial(batch_size_totals, server.rest_target, prometheus_path, MODEL_NAME)
+        before = totals() if prometheus_path else None
         loadtest_main(["--target", server.target, "--model", MODEL_NAME, "--model_dir",
                        os.path.join(base, MODEL_NAME, "1"), "--sweep", "--replies", str(args.replies),
                        "--slo_ms", str(args.slo_ms), "--duration", str(args.step_seconds),
@@ -186,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "--timeout", "30",
                        "--out", os.path.join(workdir, "loadtest")])
         if before is not None:
-            print(batching_summary(before, batch_size_totals(server.rest_target, prometheus_path, MODEL_NAME), args.replies))
+            print(batching_summary(before, totals(), args.replies))
         print("stopping the server (SIGTERM) ...", flush=True)
     print(f"server exited with code {server.process.returncode}")
     print(f"\ndemo finished in {time.monotonic() - started:.0f}s; outputs under {workdir}")

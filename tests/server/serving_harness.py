@@ -10,12 +10,13 @@ import signal
 import tempfile
 
 import grpc
+import requests
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
 from bertserve.client.server_process import launch
+from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH as METRICS_PATH
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-METRICS_PATH = "/monitoring/prometheus/metrics"
 
 
 def metric_total(text: str, name: str, **labels: str) -> float:
@@ -47,6 +48,10 @@ class ServerProcess:
     def rest_address(self) -> tuple[str, int]:
         """(host, port) of the REST front end, for tests that speak HTTP on a socket of their own."""
         return "localhost", self.server.rest_port
+
+    def metrics_text(self) -> str:
+        """The Prometheus exposition text at METRICS_PATH (the tests' monitoring config enables it there)."""
+        return requests.get(self.rest + METRICS_PATH, timeout=30).text
 
     def log(self) -> str:
         with open(self.server.log_path, encoding="utf-8", errors="replace") as handle:

@@ -235,9 +235,10 @@ def test_unimplemented_apis_and_health(server):
 def test_concurrent_single_row_requests_merge_into_batches(server):
     """64 single-row requests at once with max_batch_size 32: every row is batched once, batches are large."""
     def batch_stats() -> tuple[float, float]:
-        text = requests.get(server.rest + METRICS_PATH, timeout=30).text
+        text = server.metrics_text()
         labels = {"model_name": "tiny", "signature": "serving_default"}
-        return metric_total(text, "bertserve_batch_size_sum", **labels), metric_total(text, "bertserve_batch_size_count", **labels)
+        return (metric_total(text, "bertserve_batch_size_sum", **labels),
+                metric_total(text, "bertserve_batch_size_count", **labels))
 
     rows_before, batches_before = batch_stats()
     inputs = token_inputs(64, 8, seed=11)
@@ -256,14 +257,11 @@ def test_concurrent_single_row_requests_merge_into_batches(server):
 
 def test_metrics_keep_tf_serving_names(server):
     """One OK and one NOT_FOUND Predict made here each add exactly 1 to TF Serving's request_count."""
-    def scrape() -> str:
-        return requests.get(server.rest + METRICS_PATH, timeout=30).text
-
-    before = scrape()
+    before = server.metrics_text()
     server.predict.Predict(predict_request("tiny", token_inputs(1, 8)), timeout=30)
     assert _code(server.predict.Predict, predict_request("missing", token_inputs(1, 8)),
                  timeout=30) == grpc.StatusCode.NOT_FOUND
-    text = scrape()
+    text = server.metrics_text()
     assert "# TYPE :tensorflow:serving:request_count counter" in text
     for labels in ({"model_name": "tiny", "status": "OK"}, {"model_name": "missing", "status": "NOT_FOUND"}):
         added = (metric_total(text, ":tensorflow:serving:request_count", **labels)

@@ -40,8 +40,8 @@ def server(models_dir, tmp_path_factory):
 
 
 def _failed_preconditions(server) -> float:
-    text = requests.get(server.rest + METRICS_PATH, timeout=30).text
-    return metric_total(text, ":tensorflow:serving:request_count", model_name="tiny", status="FAILED_PRECONDITION")
+    return metric_total(server.metrics_text(), ":tensorflow:serving:request_count", model_name="tiny",
+                        status="FAILED_PRECONDITION")
 
 
 def _expected(models_dir: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
