@@ -99,19 +99,25 @@ struct ThreadPool {
   ParallelFor parallel_for;
 };
 
-// Bytes of scratch memory the encoder needs for a batch of num_tokens tokens.
+// Bytes of scratch memory the encoder needs for a batch of num_tokens tokens; batch matters only when the
+// encoder is asked for first tokens (below), whose rows may outnumber the tokens (rows without tokens).
 template <typename T>
-int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t num_tokens);
+int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t num_tokens, int64_t batch = 0);
 
 // T is float or fp16 (computed in float). All pointers are host memory.
 template <typename T>
 void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
                const PackedBatch& batch, T* hidden_out, const ThreadPool& pool);
 
+// First-token output (both backends): when first_tokens is not null, the last layer runs for each row's first
+// token only (every token of the row is still a key and value of its attention) and writes [batch, H] there,
+// zeros for a row without tokens: what a first-token ([CLS]) pooler reads, GatherFirstToken of the full output,
+// without the last layer's work on the other tokens past its QKV GEMM. hidden [num_tokens, H] is then scratch.
+
 // The fp16 encoder, in place over hidden [num_tokens, H]; workspace holds EncoderWorkspaceBytes<fp16> bytes,
 // 64-byte aligned; weights widened per layer, per call. float runs with packed weights (below).
 void Encoder(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch, fp16* hidden,
-             void* workspace, const ThreadPool& pool);
+             void* workspace, const ThreadPool& pool, fp16* first_tokens = nullptr);
 
 // The four GEMM weights of every layer of a float stack, packed once into the BLAS's own layout
 // (kernels/cpu_gemm.h) for callers that run the same weights many times; it copies them, so w may change or go
@@ -124,7 +130,8 @@ std::shared_ptr<const PackedEncoderWeights> PackEncoderWeights(const EncoderDims
 // The float encoder, in place like the fp16 one: each layer's GEMM weights come from `packed` (packed from w's
 // kernels and these dims); the biases and LayerNorm parameters still come from w.
 void Encoder(const EncoderDims& dims, const EncoderWeights<float>& w, const PackedEncoderWeights& packed,
-             const PackedBatch& batch, float* hidden, void* workspace, const ThreadPool& pool);
+             const PackedBatch& batch, float* hidden, void* workspace, const ThreadPool& pool,
+             float* first_tokens = nullptr);
 
 template <typename T>
 void RemovePadding(const T* padded, int64_t seq, int64_t hidden, const PackedBatch& batch, T* packed);
@@ -148,15 +155,16 @@ namespace cuda {
 struct GemmContext;
 
 template <typename T>
-int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens);
+int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens, int64_t max_batch = 0);
 
 template <typename T>
 void Embedding(const EmbeddingWeights<T>& w, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
                const PackedBatch& batch, T* hidden_out, void* stream);
 
+// first_tokens: as for the CPU backend above.
 template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
-             void* workspace, GemmContext* gemm, void* stream);
+             void* workspace, GemmContext* gemm, void* stream, T* first_tokens = nullptr);
 
 template <typename T>
 void RemovePadding(const T* padded, int64_t seq, int64_t hidden, const PackedBatch& batch, T* packed, void* stream);
