@@ -65,15 +65,18 @@ def bert_embedding(input_ids, segment_ids, input_mask, word_embeddings, position
 
 def bert_encoder(hidden, cu_seqlens, *, qkv_kernel, qkv_bias, attention_output_kernel, attention_output_bias,
                  attention_ln_gamma, attention_ln_beta, intermediate_kernel, intermediate_bias, output_kernel,
-                 output_bias, output_ln_gamma, output_ln_beta, num_heads: int, layer_norm_epsilon: float = 1e-12):
-    """A stack of L BERT layers on packed tokens (weights stacked on a leading layer axis) -> [N, H]."""
+                 output_bias, output_ln_gamma, output_ln_beta, num_heads: int, layer_norm_epsilon: float = 1e-12,
+                 first_token_only: bool = False):
+    """A stack of L BERT layers on packed tokens (weights stacked on a leading layer axis) -> [N, H]; with
+    first_token_only, each row's first token [B, H] (zeros for a row without tokens), as bert_gather_first_token
+    of the full output would give, at the cost of the last layer's QKV GEMM alone for the other tokens."""
     return load_op_library().bert_encoder(
         hidden=hidden, cu_seqlens=cu_seqlens, qkv_kernel=qkv_kernel, qkv_bias=qkv_bias,
         attention_output_kernel=attention_output_kernel, attention_output_bias=attention_output_bias,
         attention_ln_gamma=attention_ln_gamma, attention_ln_beta=attention_ln_beta,
         intermediate_kernel=intermediate_kernel, intermediate_bias=intermediate_bias, output_kernel=output_kernel,
         output_bias=output_bias, output_ln_gamma=output_ln_gamma, output_ln_beta=output_ln_beta,
-        num_heads=num_heads, layer_norm_epsilon=layer_norm_epsilon)
+        num_heads=num_heads, layer_norm_epsilon=layer_norm_epsilon, first_token_only=first_token_only)
 
 
 def bert_remove_padding(input, input_mask):  # noqa: A002 (the op's input name)

@@ -1,6 +1,7 @@
 // Attention as a few MKL calls per sequence and group of heads: the per-head products (scores = Q K^T and
 // context = P V, len x len x head_size each) as one strided batch of GEMMs each, Q, K and V read straight from
 // the fused QKV rows, and the softmax's exponentials from MKL's vector math, all heads of the group at once.
+// A first token's attention alone (one query per sequence) is two matrix-vector products per head.
 #include "custom_ops/kernels/cpu_attention.h"
 
 #include <mkl.h>
@@ -34,18 +35,24 @@ int64_t HeadsPerTask(const EncoderDims& d, const PackedBatch& batch, int num_thr
 // interleaved into `out` (MKL's strided batch does not write interleaved matrices).
 int64_t ScratchFloats(int64_t len, int64_t head_size, int64_t heads) { return heads * len * (len + head_size); }
 
+float ScoreScale(int64_t head_size) { return 1.0f / std::sqrt(static_cast<float>(head_size)); }
+
+// softmax over each of `rows` rows of len scores, in place.
+void Softmax(float* scores, int64_t rows, int64_t len) {
+  SubtractRowMaxima(scores, rows, len);
+  vmsExp(static_cast<int>(rows * len), scores, scores, VML_HA);
+  ScaleRowsToUnitSum(scores, rows, len);
+}
+
 void AttentionHeads(const float* q, const float* k, const float* v, int64_t ld, int64_t len, int64_t head_size,
                     int64_t heads, float* scratch, float* out, int64_t ld_out) {
   const int n = static_cast<int>(len), hs = static_cast<int>(head_size), count = static_cast<int>(heads);
   const int square = n * n;
   float* scores = scratch;
   float* head_context = scratch + heads * square;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_size));
-  cblas_sgemm_batch_strided(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hs, scale, q, static_cast<int>(ld), hs,
-                            k, static_cast<int>(ld), hs, 0.0f, scores, n, square, count);
-  SubtractRowMaxima(scores, heads * len, len);
-  vmsExp(count * square, scores, scores, VML_HA);
-  ScaleRowsToUnitSum(scores, heads * len, len);
+  cblas_sgemm_batch_strided(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hs, ScoreScale(head_size), q,
+                            static_cast<int>(ld), hs, k, static_cast<int>(ld), hs, 0.0f, scores, n, square, count);
+  Softmax(scores, heads * len, len);
   cblas_sgemm_batch_strided(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hs, n, 1.0f, scores, n, square, v,
                             static_cast<int>(ld), hs, 0.0f, head_context, hs, n * hs, count);
   for (int64_t h = 0; h < heads; ++h) {
@@ -76,6 +83,37 @@ void SelfAttention(const EncoderDims& d, const PackedBatch& batch, const float* 
       AttentionHeads(q, q + hidden, q + 2 * hidden, 3 * hidden, len, head_size,
                      std::min(group, d.num_heads - first_head), scratch.data(),
                      context + first * hidden + first_head * head_size, hidden);
+    }
+  });
+}
+
+void FirstTokenAttention(const EncoderDims& d, const PackedBatch& batch, const float* qkv, float* context,
+                         const ThreadPool& pool) {
+  const int64_t hidden = d.hidden, head_size = d.head_size(), heads = d.num_heads, max_len = batch.max_seqlen;
+  const int ld = static_cast<int>(3 * hidden), hs = static_cast<int>(head_size);
+  const float scale = ScoreScale(head_size);
+  pool.parallel_for(batch.batch, 4 * max_len * hidden, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;
+    scores.resize(std::max<size_t>(scores.size(), heads * max_len));
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t first = batch.cu_seqlens_host[b];
+      const int64_t len = batch.cu_seqlens_host[b + 1] - first;
+      float* out = context + b * hidden;
+      if (len == 0) {
+        std::fill_n(out, hidden, 0.0f);
+        continue;
+      }
+      const float* q = qkv + first * 3 * hidden;  // the first token's row: its Q, then every token's K and V
+      const int n = static_cast<int>(len);
+      for (int64_t h = 0; h < heads; ++h) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hs, scale, q + hidden + h * head_size, ld, q + h * head_size, 1,
+                    0.0f, scores.data() + h * len, 1);
+      }
+      Softmax(scores.data(), heads, len);
+      for (int64_t h = 0; h < heads; ++h) {
+        cblas_sgemv(CblasRowMajor, CblasTrans, n, hs, 1.0f, q + 2 * hidden + h * head_size, ld,
+                    scores.data() + h * len, 1, 0.0f, out + h * head_size, 1);
+      }
     }
   });
 }

@@ -12,6 +12,12 @@ namespace cpu {
 void SelfAttention(const EncoderDims& dims, const PackedBatch& batch, const float* qkv, float* context,
                    const ThreadPool& pool);
 
+// context [B, H] (one row per sequence) = the attention of each sequence's first token over the sequence's real
+// tokens, per head, from qkv [N, 3H]; zeros for a sequence without tokens. All the attention the last layer of
+// a first-token output needs.
+void FirstTokenAttention(const EncoderDims& dims, const PackedBatch& batch, const float* qkv, float* context,
+                         const ThreadPool& pool);
+
 }  // namespace cpu
 }  // namespace bertserve
 

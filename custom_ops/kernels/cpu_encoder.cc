@@ -1,10 +1,12 @@
 // CPU encoder stack on packed tokens: per layer three GEMM phases (QKV, attention output, FFN) through
 // ParallelGemm, attention per sequence over its real length only (cpu_attention.h), and fused row epilogues.
 // half is computed in float: activations and one layer's weights are widened into the workspace. float weights
-// may come pre-packed for the GEMMs (PackEncoderWeights).
+// may come pre-packed for the GEMMs (PackEncoderWeights). For a first-token output the last layer runs past its
+// QKV GEMM on one row per sequence: its first token, gathered into the workspace.
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
@@ -42,6 +44,28 @@ LayerScratch CarveLayerScratch(const EncoderDims& d, int64_t n, float* base) {
   s.context = base + n * 3 * d.hidden;
   s.intermediate = base;
   s.projection = base + Aligned(n * std::max(4 * d.hidden, d.intermediate));
+  return s;
+}
+
+// The float workspace both encoders share: the layer scratch for every token and, for a first-token output
+// (first_rows = batch, else 0), for every row too (rows without tokens may outnumber the tokens), plus the first
+// tokens' residual stream [first_rows, H] of the last layer.
+struct EncoderScratch {
+  LayerScratch layer;
+  float* first;  // [first_rows, H]
+  float* end;    // past the region: the fp16 encoder's own part follows
+};
+
+int64_t EncoderScratchFloats(const EncoderDims& d, int64_t num_tokens, int64_t first_rows) {
+  return LayerScratchFloats(d, std::max(num_tokens, first_rows)) + Aligned(first_rows * d.hidden);
+}
+
+EncoderScratch CarveEncoderScratch(const EncoderDims& d, int64_t num_tokens, int64_t first_rows, float* base) {
+  const int64_t rows = std::max(num_tokens, first_rows);
+  EncoderScratch s;
+  s.layer = CarveLayerScratch(d, rows, base);
+  s.first = base + LayerScratchFloats(d, rows);
+  s.end = s.first + Aligned(first_rows * d.hidden);
   return s;
 }
 
@@ -162,43 +186,96 @@ class PackedEncoderWeights {
 
 namespace {
 
-// One post-LN BERT layer in place on x [N, H]; packed (may be null) holds w's GEMM weights packed.
-void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const PackedLayer* packed,
-                  const PackedBatch& batch, float* x, const LayerScratch& s, const ThreadPool& pool) {
-  const int64_t n = batch.num_tokens, hidden = d.hidden, inter = d.intermediate;
+void QkvProjection(const EncoderDims& d, const EncoderWeights<float>& w, const PackedLayer* packed, int64_t n,
+                   const float* x, const LayerScratch& s, const ThreadPool& pool) {
+  LayerGemm(pool, n, 3 * d.hidden, d.hidden, x, w.qkv_kernel, packed ? &packed->qkv : nullptr, s.qkv,
+            BiasRowsEpilogue(AddBias, w.qkv_bias, s.qkv, 3 * d.hidden));
+}
+
+// The layer past attention on m rows: attention output GEMM, bias + residual + LayerNorm, FFN, bias + residual +
+// LayerNorm, in place on the residual rows x [m, H], from the attention context [m, H].
+void AfterAttention(const EncoderDims& d, const EncoderWeights<float>& w, const PackedLayer* packed, int64_t m,
+                    const float* context, float* x, const LayerScratch& s, const ThreadPool& pool) {
+  const int64_t hidden = d.hidden, inter = d.intermediate;
   const float eps = d.layer_norm_epsilon;
-
-  LayerGemm(pool, n, 3 * hidden, hidden, x, w.qkv_kernel, packed ? &packed->qkv : nullptr, s.qkv,
-            BiasRowsEpilogue(AddBias, w.qkv_bias, s.qkv, 3 * hidden));
-  SelfAttention(d, batch, s.qkv, s.context, pool);
-
-  LayerGemm(pool, n, hidden, hidden, s.context, w.attention_output_kernel,
+  LayerGemm(pool, m, hidden, hidden, context, w.attention_output_kernel,
             packed ? &packed->attention_output : nullptr, s.projection, {});
-  ParallelRows(pool, n, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
+  ParallelRows(pool, m, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
     AddBiasResidualLayerNorm(s.projection + r * hidden, w.attention_output_bias, w.attention_ln_gamma,
                              w.attention_ln_beta, hidden, eps, x + r * hidden);
   });
 
-  LayerGemm(pool, n, inter, hidden, x, w.intermediate_kernel, packed ? &packed->intermediate : nullptr,
+  LayerGemm(pool, m, inter, hidden, x, w.intermediate_kernel, packed ? &packed->intermediate : nullptr,
             s.intermediate, BiasRowsEpilogue(AddBiasGelu, w.intermediate_bias, s.intermediate, inter));
-  LayerGemm(pool, n, hidden, inter, s.intermediate, w.output_kernel, packed ? &packed->output : nullptr,
+  LayerGemm(pool, m, hidden, inter, s.intermediate, w.output_kernel, packed ? &packed->output : nullptr,
             s.projection, {});
-  ParallelRows(pool, n, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
+  ParallelRows(pool, m, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
     AddBiasResidualLayerNorm(s.projection + r * hidden, w.output_bias, w.output_ln_gamma, w.output_ln_beta, hidden,
                              eps, x + r * hidden);
   });
 }
 
+// One post-LN BERT layer on x [N, H]; packed (may be null) holds w's GEMM weights packed. With `first` null it
+// runs in place on every token; otherwise it writes only each sequence's first token into first [B, H] (finite
+// values, not zeros, for a sequence without tokens) and leaves x as scratch.
+void EncoderLayer(const EncoderDims& d, const EncoderWeights<float>& w, const PackedLayer* packed,
+                  const PackedBatch& batch, float* x, const EncoderScratch& s, float* first,
+                  const ThreadPool& pool) {
+  QkvProjection(d, w, packed, batch.num_tokens, x, s.layer, pool);
+  if (first == nullptr) {
+    SelfAttention(d, batch, s.layer.qkv, s.layer.context, pool);
+    AfterAttention(d, w, packed, batch.num_tokens, s.layer.context, x, s.layer, pool);
+  } else {
+    FirstTokenAttention(d, batch, s.layer.qkv, s.layer.context, pool);
+    GatherFirstToken(static_cast<const float*>(x), d.hidden, batch, first);
+    AfterAttention(d, w, packed, batch.batch, s.layer.context, first, s.layer, pool);
+  }
+}
+
+// The last layer's first tokens [B, H] into out, zeros for a sequence without tokens.
+template <typename T>
+void StoreFirstTokens(const float* first, int64_t hidden, const PackedBatch& batch, T* out) {
+  for (int64_t b = 0; b < batch.batch; ++b) {
+    T* row = out + b * hidden;
+    if (batch.cu_seqlens_host[b + 1] == batch.cu_seqlens_host[b]) {
+      std::memset(static_cast<void*>(row), 0, hidden * sizeof(T));
+    } else if constexpr (std::is_same_v<T, float>) {
+      std::copy_n(first + b * hidden, hidden, row);
+    } else {
+      FloatToHalf(first + b * hidden, row, hidden);
+    }
+  }
+}
+
+// No layer to run (no token, or an empty stack): a first-token output is the input's first tokens.
+template <typename T>
+bool NothingToRun(const EncoderDims& dims, const PackedBatch& batch, const T* hidden, T* first_tokens) {
+  if (batch.num_tokens > 0 && dims.num_layers > 0) return false;
+  if (first_tokens != nullptr) GatherFirstToken(hidden, dims.hidden, batch, first_tokens);
+  return true;
+}
+
+// The rows of the first-token region for this call: the batch when first tokens are asked for, else none.
+int64_t FirstRows(const PackedBatch& batch, const void* first_tokens) {
+  return first_tokens != nullptr ? batch.batch : 0;
+}
+
+// Where `layer` writes first tokens (EncoderLayer's `first`): the scratch region in the last layer of a
+// first-token output, else nowhere.
+float* FirstOfLayer(const EncoderDims& d, int64_t layer, const EncoderScratch& s, const void* first_tokens) {
+  return layer + 1 == d.num_layers && first_tokens != nullptr ? s.first : nullptr;
+}
+
 }  // namespace
 
 template <>
-int64_t EncoderWorkspaceBytes<float>(const EncoderDims& dims, int64_t num_tokens) {
-  return LayerScratchFloats(dims, num_tokens) * static_cast<int64_t>(sizeof(float));
+int64_t EncoderWorkspaceBytes<float>(const EncoderDims& dims, int64_t num_tokens, int64_t batch) {
+  return EncoderScratchFloats(dims, num_tokens, batch) * static_cast<int64_t>(sizeof(float));
 }
 
 template <>
-int64_t EncoderWorkspaceBytes<fp16>(const EncoderDims& dims, int64_t num_tokens) {
-  const int64_t floats = LayerScratchFloats(dims, num_tokens) + Aligned(num_tokens * dims.hidden) +
+int64_t EncoderWorkspaceBytes<fp16>(const EncoderDims& dims, int64_t num_tokens, int64_t batch) {
+  const int64_t floats = EncoderScratchFloats(dims, num_tokens, batch) + Aligned(num_tokens * dims.hidden) +
                          LayerSizes(dims).TotalFloats();
   return floats * static_cast<int64_t>(sizeof(float));
 }
@@ -216,30 +293,37 @@ std::shared_ptr<const PackedEncoderWeights> PackEncoderWeights(const EncoderDims
 }
 
 void Encoder(const EncoderDims& dims, const EncoderWeights<float>& w, const PackedEncoderWeights& packed,
-             const PackedBatch& batch, float* hidden, void* workspace, const ThreadPool& pool) {
-  if (batch.num_tokens == 0) return;
+             const PackedBatch& batch, float* hidden, void* workspace, const ThreadPool& pool, float* first_tokens) {
+  if (NothingToRun(dims, batch, static_cast<const float*>(hidden), first_tokens)) return;
   const LayerSizes sizes(dims);
-  const LayerScratch scratch = CarveLayerScratch(dims, batch.num_tokens, static_cast<float*>(workspace));
+  const EncoderScratch scratch =
+      CarveEncoderScratch(dims, batch.num_tokens, FirstRows(batch, first_tokens), static_cast<float*>(workspace));
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
-    EncoderLayer(dims, LayerSlice(w, sizes, layer), &packed.layers[layer], batch, hidden, scratch, pool);
+    EncoderLayer(dims, LayerSlice(w, sizes, layer), &packed.layers[layer], batch, hidden, scratch,
+                 FirstOfLayer(dims, layer, scratch, first_tokens), pool);
   }
+  if (first_tokens != nullptr) StoreFirstTokens(scratch.first, dims.hidden, batch, first_tokens);
 }
 
 void Encoder(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch, fp16* hidden,
-             void* workspace, const ThreadPool& pool) {
-  if (batch.num_tokens == 0) return;
+             void* workspace, const ThreadPool& pool, fp16* first_tokens) {
+  if (NothingToRun(dims, batch, static_cast<const fp16*>(hidden), first_tokens)) return;
   const LayerSizes sizes(dims);
-  float* base = static_cast<float*>(workspace);
-  const LayerScratch scratch = CarveLayerScratch(dims, batch.num_tokens, base);
-  float* x = base + LayerScratchFloats(dims, batch.num_tokens);
+  const EncoderScratch scratch =
+      CarveEncoderScratch(dims, batch.num_tokens, FirstRows(batch, first_tokens), static_cast<float*>(workspace));
+  float* x = scratch.end;
   float* layer_weights = x + Aligned(batch.num_tokens * dims.hidden);
   const int64_t elements = batch.num_tokens * dims.hidden;
   ParallelConvert(pool, HalfToFloat, static_cast<const fp16*>(hidden), elements, x);
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
     const EncoderWeights<float> wf = WidenLayer(pool, LayerSlice(w, sizes, layer), sizes, layer_weights);
-    EncoderLayer(dims, wf, nullptr, batch, x, scratch, pool);
+    EncoderLayer(dims, wf, nullptr, batch, x, scratch, FirstOfLayer(dims, layer, scratch, first_tokens), pool);
   }
-  ParallelConvert(pool, FloatToHalf, static_cast<const float*>(x), elements, hidden);
+  if (first_tokens != nullptr) {
+    StoreFirstTokens(scratch.first, dims.hidden, batch, first_tokens);
+  } else {
+    ParallelConvert(pool, FloatToHalf, static_cast<const float*>(x), elements, hidden);
+  }
 }
 
 }  // namespace cpu

@@ -102,6 +102,7 @@ class BertEncoderOp : public OpKernel {
   explicit BertEncoderOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_heads", &num_heads_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_token_only", &first_token_only_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -111,33 +112,38 @@ class BertEncoderOp : public OpKernel {
     const Tensor& hidden = ctx->input(0);
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), hidden.dim_size(0), &batch));
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, hidden.shape(), &output));
-    if (output->data() != hidden.data()) {
-      std::copy_n(hidden.flat<T>().data(), hidden.NumElements(), output->flat<T>().data());
+    EncoderOutputs outs;
+    OP_REQUIRES_OK(ctx, AllocateEncoderOutputs(ctx, first_token_only_, batch.batch, &outs));
+    if (outs.tokens->data() != hidden.data()) {
+      std::copy_n(hidden.flat<T>().data(), hidden.NumElements(), outs.tokens->flat<T>().data());
     }
-    const int64_t bytes = cpu::EncoderWorkspaceBytes<CoreType<T>>(dims, batch.num_tokens);
+    CoreType<T>* first_tokens = first_token_only_ ? CoreData<T>(outs.output) : nullptr;
+    const int64_t bytes = cpu::EncoderWorkspaceBytes<CoreType<T>>(dims, batch.num_tokens,
+                                                                   first_token_only_ ? batch.batch : 0);
     Tensor workspace;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({bytes / 4}), &workspace));
-    RunEncoder(ctx, dims, weights, batch, CoreData<T>(output), workspace.flat<float>().data(), IntraOpPool(ctx));
+    RunEncoder(ctx, dims, weights, batch, CoreData<T>(outs.tokens), workspace.flat<float>().data(), IntraOpPool(ctx),
+               first_tokens);
   }
 
  private:
   // half: the core widens the weights per layer and call.
   void RunEncoder(OpKernelContext*, const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch,
-                  fp16* hidden, float* workspace, const cpu::ThreadPool& pool) {
-    cpu::Encoder(dims, w, batch, hidden, workspace, pool);
+                  fp16* hidden, float* workspace, const cpu::ThreadPool& pool, fp16* first_tokens) {
+    cpu::Encoder(dims, w, batch, hidden, workspace, pool, first_tokens);
   }
 
   // float: the GEMM weights packed once, reused while the same weight buffers come in.
   void RunEncoder(OpKernelContext* ctx, const EncoderDims& dims, const EncoderWeights<float>& w,
-                  const PackedBatch& batch, float* hidden, float* workspace, const cpu::ThreadPool& pool) {
+                  const PackedBatch& batch, float* hidden, float* workspace, const cpu::ThreadPool& pool,
+                  float* first_tokens) {
     const std::shared_ptr<const cpu::PackedEncoderWeights> packed = packed_weights_.Get(ctx, dims, w, pool);
-    cpu::Encoder(dims, w, *packed, batch, hidden, workspace, pool);
+    cpu::Encoder(dims, w, *packed, batch, hidden, workspace, pool, first_tokens);
   }
 
   int64_t num_heads_;
   float epsilon_;
+  bool first_token_only_;
   PackedWeightCache packed_weights_;
 };
 

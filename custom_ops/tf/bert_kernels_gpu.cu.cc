@@ -105,6 +105,7 @@ class BertEncoderGpuOp : public OpKernel {
   explicit BertEncoderGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_heads", &num_heads_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_token_only", &first_token_only_));
   }
 
   ~BertEncoderGpuOp() override { cuda::DestroyGemmContext(gemm_); }
@@ -116,24 +117,33 @@ class BertEncoderGpuOp : public OpKernel {
     const Tensor& hidden = ctx->input(0);
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), hidden.dim_size(0), &batch));  // host memory input
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, hidden.shape(), &output));
-    if (batch.num_tokens == 0) return;
+    EncoderOutputs outs;
+    OP_REQUIRES_OK(ctx, AllocateEncoderOutputs(ctx, first_token_only_, batch.batch, &outs));
     const cudaStream_t stream = static_cast<cudaStream_t>(StreamOf(ctx));
-    if (output->data() != hidden.data()) {
-      OP_REQUIRES_OK(ctx, CheckCuda(cudaMemcpyAsync(output->data(), hidden.data(), hidden.TotalBytes(),
+    if (batch.num_tokens == 0) {  // first tokens of rows without tokens are zeros
+      if (first_token_only_ && outs.output->NumElements() > 0) {
+        OP_REQUIRES_OK(ctx, CheckCuda(cudaMemsetAsync(outs.output->data(), 0, outs.output->TotalBytes(), stream),
+                                      "zeroing of first tokens"));
+      }
+      return;
+    }
+    if (outs.tokens->data() != hidden.data()) {
+      OP_REQUIRES_OK(ctx, CheckCuda(cudaMemcpyAsync(outs.tokens->data(), hidden.data(), hidden.TotalBytes(),
                                                     cudaMemcpyDeviceToDevice, stream),
                                     "copy of hidden"));
     }
     Tensor cu_device, workspace;
     OP_REQUIRES_OK(ctx, ToDevice(ctx, batch.cu_seqlens_host, batch.batch + 1, &cu_device));
     batch.cu_seqlens_device = cu_device.flat<int32_t>().data();
-    const int64_t bytes = cuda::EncoderWorkspaceBytes<CoreType<T>>(dims, batch.num_tokens);
+    const int64_t bytes =
+        cuda::EncoderWorkspaceBytes<CoreType<T>>(dims, batch.num_tokens, first_token_only_ ? batch.batch : 0);
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &workspace));
     cuda::GemmContext* gemm = nullptr;
     OP_REQUIRES_OK(ctx, Gemm(&gemm));
+    CoreType<T>* first_tokens = first_token_only_ ? CoreData<T>(outs.output) : nullptr;
     OP_REQUIRES_OK(ctx, CallCore([&] {
-                     cuda::Encoder(dims, weights, batch, CoreData<T>(output), workspace.data(), gemm, StreamOf(ctx));
+                     cuda::Encoder(dims, weights, batch, CoreData<T>(outs.tokens), workspace.data(), gemm, stream,
+                                   first_tokens);
                    }));
   }
 
@@ -148,6 +158,7 @@ class BertEncoderGpuOp : public OpKernel {
 
   int64_t num_heads_;
   float epsilon_;
+  bool first_token_only_;
   std::mutex mutex_;
   cuda::GemmContext* gemm_ = nullptr;
 };

@@ -26,6 +26,11 @@ absl::Status Agree(InferenceContext* c, DimensionHandle dim, const char* name, D
   return absl::OkStatus();
 }
 
+// The batch size B of a cu_seqlens [B + 1].
+absl::Status BatchOf(InferenceContext* c, ShapeHandle cu_seqlens, DimensionHandle* batch) {
+  return c->Subtract(c->Dim(cu_seqlens, 0), 1, batch);
+}
+
 absl::Status EmbeddingShape(InferenceContext* c) {
   ShapeHandle ids, segments, mask, word, position, token_type, gamma, beta;
   TF_RETURN_IF_ERROR(Rank(c, 0, 2, "input_ids", &ids));
@@ -104,7 +109,15 @@ absl::Status EncoderShape(InferenceContext* c) {
     return tf::InvalidArgument("hidden size ", c->Value(hidden), " is not divisible by num_heads ",
                                                num_heads);
   }
-  c->set_output(0, c->Matrix(tokens, hidden));
+  bool first_token_only = false;
+  TF_RETURN_IF_ERROR(c->GetAttr("first_token_only", &first_token_only));
+  if (first_token_only) {
+    DimensionHandle batch;
+    TF_RETURN_IF_ERROR(BatchOf(c, cu_seqlens, &batch));
+    c->set_output(0, c->Matrix(batch, hidden));
+  } else {
+    c->set_output(0, c->Matrix(tokens, hidden));
+  }
   return absl::OkStatus();
 }
 
@@ -135,7 +148,7 @@ absl::Status GatherFirstTokenShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(Rank(c, 0, 2, "input", &input));
   TF_RETURN_IF_ERROR(Rank(c, 1, 1, "cu_seqlens", &cu_seqlens));
   DimensionHandle batch;
-  TF_RETURN_IF_ERROR(c->Subtract(c->Dim(cu_seqlens, 0), 1, &batch));
+  TF_RETURN_IF_ERROR(BatchOf(c, cu_seqlens, &batch));
   c->set_output(0, c->Matrix(batch, c->Dim(input, 1)));
   return absl::OkStatus();
 }
@@ -177,8 +190,14 @@ REGISTER_OP("BertEncoder")
     .Attr("T: {float, half}")
     .Attr("num_heads: int >= 1")
     .Attr("layer_norm_epsilon: float = 1e-12")
+    .Attr("first_token_only: bool = false")
     .SetShapeFn(EncoderShape)
-    .Doc("A stack of L post-LayerNorm BERT layers on packed tokens; weights stacked on a leading layer axis.");
+    .Doc(R"doc(A stack of L post-LayerNorm BERT layers on packed tokens; weights stacked on a leading layer axis.
+
+output: every token [N, H]; with first_token_only, each row's first token [B, H] (B = size of cu_seqlens - 1),
+  zeros for a row without tokens: BertGatherFirstToken of the full output, computed without the last layer's
+  work past its QKV GEMM on the other tokens.
+)doc");
 
 REGISTER_OP("BertRemovePadding")
     .Input("input: T")
