@@ -3,9 +3,10 @@
     serving_default(input_ids, input_mask, segment_ids: int32 [batch, seq]) -> {"scores": float32 [batch]}
 
 Variants (every one has that same signature, so a client never knows which it hit):
-- fused fp32 / fp16: bertserve.custom_ops (BertEmbedding -> BertEncoder -> BertGatherFirstToken, padding-free);
-  the pooler and classifier are stock ops computed in fp32. fp16 stores every weight as half (the model is half
-  the size on disk) and runs the ops' half kernels.
+- fused fp32 / fp16: bertserve.custom_ops (BertEmbedding -> BertEncoder with first_token_only, padding-free: the
+  last layer runs past its QKV GEMM on the [CLS] tokens alone, all that the pooler reads); the pooler and
+  classifier are stock ops computed in fp32. fp16 stores every weight as half (the model is half the size on
+  disk) and runs the ops' half kernels.
 - stock fp32: standard TF ops only (stock.py); padding handled by masking.
 - stock fp16: the stock fp32 graph rewritten by the FP16 conversion pass (fp16.py); weights stored half except
   the few the pass keeps in fp32.
@@ -62,9 +63,10 @@ def _fused_serve(weights: BertWeights) -> Callable:
             input_ids, segment_ids, input_mask, w["word_embeddings"], w["position_embeddings"],
             w["token_type_embeddings"], w["embeddings_ln_gamma"], w["embeddings_ln_beta"],
             layer_norm_epsilon=config.layer_norm_eps)
-        hidden = ops.bert_encoder(hidden, cu_seqlens, **{name: w[name] for name in encoder_inputs},
-                                  num_heads=config.num_attention_heads, layer_norm_epsilon=config.layer_norm_eps)
-        first = tf.cast(ops.bert_gather_first_token(hidden, cu_seqlens), tf.float32)
+        first = ops.bert_encoder(hidden, cu_seqlens, **{name: w[name] for name in encoder_inputs},
+                                 num_heads=config.num_attention_heads, layer_norm_epsilon=config.layer_norm_eps,
+                                 first_token_only=True)
+        first = tf.cast(first, tf.float32)
         head = {name: tf.cast(w[name], tf.float32)
                 for name in ("pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias")}
         return stock.logits_to_scores(stock.head_logits(head, first))

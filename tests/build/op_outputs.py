@@ -1,4 +1,5 @@
-"""Runs one op library's BertEmbedding -> BertEncoder -> BertGatherFirstToken on fixed inputs; saves the outputs.
+"""Runs one op library's BertEmbedding -> BertEncoder -> BertGatherFirstToken, and BertEncoder with
+first_token_only, on fixed inputs; saves the outputs.
 
 Run as a script in a fresh process (an op library registers its ops once per process), with
 BERTSERVE_OPS_LIBRARY naming the .so that bertserve.custom_ops must load:
@@ -47,12 +48,15 @@ def run_case(name: str, dtype: str) -> dict[str, np.ndarray]:
     hidden, cu_seqlens = ops.bert_embedding(
         ids, segments, mask, w["word_embeddings"], w["position_embeddings"], w["token_type_embeddings"],
         w["embeddings_ln_gamma"], w["embeddings_ln_beta"], layer_norm_epsilon=config.layer_norm_eps)
-    encoded = ops.bert_encoder(hidden, cu_seqlens, **{k: w[k] for k in ops.ENCODER_WEIGHT_NAMES},
-                               num_heads=config.num_attention_heads, layer_norm_epsilon=config.layer_norm_eps)
+    encoder_args = dict({k: w[k] for k in ops.ENCODER_WEIGHT_NAMES}, num_heads=config.num_attention_heads,
+                        layer_norm_epsilon=config.layer_norm_eps)
+    encoded = ops.bert_encoder(hidden, cu_seqlens, **encoder_args)
     first = ops.bert_gather_first_token(encoded, cu_seqlens)
+    first_only = ops.bert_encoder(hidden, cu_seqlens, **encoder_args, first_token_only=True)
     prefix = f"{name}/{dtype}/"
     return {prefix + "embedding": hidden.numpy(), prefix + "cu_seqlens": cu_seqlens.numpy(),
-            prefix + "encoder": encoded.numpy(), prefix + "first_token": first.numpy()}
+            prefix + "encoder": encoded.numpy(), prefix + "first_token": first.numpy(),
+            prefix + "first_token_only": first_only.numpy()}
 
 
 def mapped_op_libraries() -> np.ndarray:

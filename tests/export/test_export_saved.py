@@ -69,13 +69,13 @@ def test_saved_model_cli_lists_the_signature(stock_version):
     assert signature.count("dtype: DT_INT32") == 3 and "dtype: DT_FLOAT" in signature
 
 
-def saved_model_ops(version_dir: str) -> set[str]:
-    """Every op type in the SavedModel's graph and function library."""
+def saved_model_nodes(version_dir: str) -> list:
+    """Every NodeDef in the SavedModel's graph and function library."""
     from tensorflow.core.protobuf import saved_model_pb2
 
     model = saved_model_pb2.SavedModel.FromString(open(os.path.join(version_dir, "saved_model.pb"), "rb").read())
     graph_def = model.meta_graphs[0].graph_def
-    return {n.op for n in graph_def.node} | {n.op for f in graph_def.library.function for n in f.node_def}
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -85,11 +85,14 @@ def test_every_variant_saves_loads_and_validates(tmp_path, tiny_weights, tiny_vo
     target = saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
     (row,) = validate.validate_export(tiny_weights, target, name, precision, seq_length=16)
     assert row.ok and row.rows == validate.SAMPLE_ROWS
-    custom = {op for op in saved_model_ops(target) if op.startswith("Bert")}
+    nodes = saved_model_nodes(target)
+    custom = {n.op for n in nodes if n.op.startswith("Bert")}
     if name == "stock":  # loadable by an unmodified tensorflow_model_server
         assert not custom
-    else:
-        assert custom == {"BertEmbedding", "BertEncoder", "BertGatherFirstToken"}
+    else:  # the encoder itself returns the [CLS] rows the pooler reads
+        assert custom == {"BertEmbedding", "BertEncoder"}
+        encoders = [n for n in nodes if n.op == "BertEncoder"]
+        assert encoders and all(n.attr["first_token_only"].b for n in encoders)
 
 
 def test_version_rules(tmp_path, tiny_weights, tiny_vocab):

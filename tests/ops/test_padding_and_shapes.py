@@ -41,15 +41,32 @@ def test_shape_functions_give_every_known_dim():
         hidden, cu_seqlens = ops.bert_embedding(ids, segments, mask, *embedding)
         encoded = ops.bert_encoder(hidden, cu_seqlens, **encoder, num_heads=2)
         first = ops.bert_gather_first_token(encoded, cu_seqlens)
+        first_only = ops.bert_encoder(hidden, cu_seqlens, **encoder, num_heads=2, first_token_only=True)
         packed, cu2 = ops.bert_remove_padding(tf.zeros([4, 16, 8]), mask)
         rebuilt = ops.bert_rebuild_padding(packed, mask)
         shapes.update(hidden=hidden.shape, cu_seqlens=cu_seqlens.shape, encoded=encoded.shape, first=first.shape,
-                      packed=packed.shape, cu2=cu2.shape, rebuilt=rebuilt.shape)
+                      first_only=first_only.shape, packed=packed.shape, cu2=cu2.shape, rebuilt=rebuilt.shape)
         return first
 
     run.get_concrete_function()
     assert shapes == {"hidden": [None, 64], "cu_seqlens": [5], "encoded": [None, 64], "first": [4, 64],
-                      "packed": [None, 8], "cu2": [5], "rebuilt": [4, 16, 8]}
+                      "first_only": [4, 64], "packed": [None, 8], "cu2": [5], "rebuilt": [4, 16, 8]}
+
+
+def test_first_token_only_shape_follows_cu_seqlens():
+    _, encoder = op_weights(BertWeights.random(small_config(hidden=64, heads=2), seed=0))
+    shapes = []
+
+    for cu_seqlens_length in (7, None):
+        @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32),
+                                      tf.TensorSpec([cu_seqlens_length], tf.int32)])
+        def run(hidden, cu_seqlens):
+            first = ops.bert_encoder(hidden, cu_seqlens, **encoder, num_heads=2, first_token_only=True)
+            shapes.append(first.shape)
+            return first
+
+        run.get_concrete_function()
+    assert shapes == [[6, 64], [None, 64]]
 
 
 def test_shape_function_rejects_mismatch_at_trace_time():
