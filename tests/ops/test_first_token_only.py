@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from ops_testing import FP16_TOLERANCE, FP32_TOLERANCE, assert_close, op_weights, random_batch, small_config
 
 from bertserve import custom_ops as ops
@@ -76,3 +77,24 @@ def test_empty_stack_gives_the_input_first_tokens(dtype):
     cu_seqlens = np.array([0, 2, 2, 5], np.int32)
     first = ops.bert_encoder(hidden, cu_seqlens, **no_layers, num_heads=2, first_token_only=True).numpy()
     np.testing.assert_array_equal(first, ops.bert_gather_first_token(hidden, cu_seqlens).numpy())
+
+
+def test_graph_written_before_the_attr_keeps_every_token():
+    """A BertEncoder NodeDef without first_token_only (as in SavedModels exported before it existed) still
+    loads and returns every token [N, H]: the attr's default."""
+    _, encoder = op_weights(BertWeights.random(small_config(), seed=26))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32), tf.TensorSpec([None], tf.int32)])
+    def run(hidden, cu_seqlens):
+        return ops.bert_encoder(hidden, cu_seqlens, **encoder, num_heads=2)
+
+    graph_def = run.get_concrete_function().graph.as_graph_def()
+    (node,) = [n for n in graph_def.node if n.op == "BertEncoder"]
+    del node.attr["first_token_only"]
+    hidden = np.random.default_rng(27).standard_normal((5, 64)).astype(np.float32)
+    cu_seqlens = np.array([0, 2, 2, 5], np.int32)
+    imported = tf.compat.v1.wrap_function(lambda: tf.graph_util.import_graph_def(
+        graph_def, input_map={"hidden:0": tf.constant(hidden), "cu_seqlens:0": tf.constant(cu_seqlens)},
+        return_elements=[node.name + ":0"]), [])
+    (output,) = imported()
+    np.testing.assert_array_equal(output.numpy(), run(hidden, cu_seqlens).numpy())
