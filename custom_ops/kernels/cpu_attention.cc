@@ -37,7 +37,7 @@ int64_t ScratchFloats(int64_t len, int64_t head_size, int64_t heads) { return he
 
 float ScoreScale(int64_t head_size) { return 1.0f / std::sqrt(static_cast<float>(head_size)); }
 
-// softmax over each of `rows` rows of len scores, in place.
+// Softmax over each of `rows` rows of len scores, in place.
 void Softmax(float* scores, int64_t rows, int64_t len) {
   SubtractRowMaxima(scores, rows, len);
   vmsExp(static_cast<int>(rows * len), scores, scores, VML_HA);
