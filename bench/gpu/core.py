@@ -26,7 +26,7 @@ def load_library(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
     lib.bertserve_cuda_last_error.restype = ctypes.c_char_p
     lib.bertserve_cuda_ranker_create.restype = _vp
-    lib.bertserve_cuda_ranker_create.argtypes = [ctypes.c_int] * 3 + [_c_int64] * 8 + [ctypes.c_float, _vp]
+    lib.bertserve_cuda_ranker_create.argtypes = [ctypes.c_int] * 4 + [_c_int64] * 8 + [ctypes.c_float, _vp]
     lib.bertserve_cuda_ranker_destroy.argtypes = [_vp]
     lib.bertserve_cuda_ranker_describe_plans.restype = ctypes.c_char_p
     lib.bertserve_cuda_ranker_describe_plans.argtypes = [_vp]
@@ -69,18 +69,20 @@ def cu_seqlens_of(lengths: np.ndarray) -> np.ndarray:
 class CudaRanker:
     """The core's whole ranker forward on fp16 (or float32) weights living on the GPU. autotune and
     custom_gemms are the core's GemmOptions: the harness plans every graph bucket before capture, so it
-    can afford to time the GEMM candidates once per shape."""
+    can afford to time the GEMM candidates once per shape. first_token_last_layer runs the encoder's last layer
+    for each row's first token only (all the pooler reads); off, for every token, so that hidden_out holds the
+    encoder's whole output."""
 
     def __init__(self, lib: ctypes.CDLL, config: Mapping[str, float], weights: Mapping[str, torch.Tensor],
                  dtype: torch.dtype, max_batch: int, seq: int, autotune: bool = True,
-                 custom_gemms: bool = True):
+                 custom_gemms: bool = True, first_token_last_layer: bool = True):
         self.lib, self.dtype, self.seq, self.max_batch = lib, dtype, seq, max_batch
         self.hidden = int(config["hidden_size"])
         fused = fuse_qkv(weights)
         self.weights = {k: fused[k].to("cuda", dtype).contiguous() for k in WEIGHT_ORDER}
         pointers = (ctypes.c_void_p * len(WEIGHT_ORDER))(*[self.weights[k].data_ptr() for k in WEIGHT_ORDER])
         self.handle = lib.bertserve_cuda_ranker_create(
-            int(dtype == torch.float16), int(autotune), int(custom_gemms),
+            int(dtype == torch.float16), int(autotune), int(custom_gemms), int(first_token_last_layer),
             config["vocab_size"], config["hidden_size"], config["num_attention_heads"],
             config["intermediate_size"], config["num_hidden_layers"], config["max_position_embeddings"],
             config["type_vocab_size"], config["num_labels"], float(config["layer_norm_eps"]), pointers)

@@ -134,16 +134,25 @@ def check_model(lib, config: dict, w32: dict[str, torch.Tensor], ids: np.ndarray
         ref_hidden, ref_scores = torch_models.reference_forward(w16_as32, config, ids_t.long(), seg_t.long(), lengths)
         _, ref_scores_fp32_weights = torch_models.reference_forward(w32, config, ids_t.long(), seg_t.long(), lengths)
     for dtype, label in ((torch.float16, "fp16"), (torch.float32, "fp32")):
-        ranker = core.CudaRanker(lib, config, w16_as32 if dtype == torch.float16 else w32, dtype, len(lengths), seq)
-        hidden = torch.full((int(lengths.sum()), config["hidden_size"]), float("nan"), dtype=dtype, device="cuda")
+        weights = w16_as32 if dtype == torch.float16 else w32
+        # The ranker as served (last layer for first tokens only), then every token through every layer, which
+        # also gives the encoder's whole output to compare.
+        ranker = core.CudaRanker(lib, config, weights, dtype, len(lengths), seq)
         ranker.scores.fill_(float("nan"))
-        scores = ranker.forward(ids_t, seg_t, lengths, hidden_out=hidden).clone()
+        scores = ranker.forward(ids_t, seg_t, lengths).clone()
         graph_scores = ranker.forward_graph(ids_t, seg_t, lengths).clone()
+        ranker.close()
+        all_tokens = core.CudaRanker(lib, config, weights, dtype, len(lengths), seq, first_token_last_layer=False)
+        hidden = torch.full((int(lengths.sum()), config["hidden_size"]), float("nan"), dtype=dtype, device="cuda")
+        all_token_scores = all_tokens.forward(ids_t, seg_t, lengths, hidden_out=hidden).clone()
+        all_tokens.close()
         torch.cuda.synchronize()
         reference_scores = ref_scores if dtype == torch.float16 else ref_scores_fp32_weights
         reference_hidden = ref_hidden if dtype == torch.float16 else None
         entry = {"scores_vs_torch_fp32": compare(scores, reference_scores),
-                 "graph_bucket_vs_eager_scores": compare(graph_scores, scores)}
+                 "graph_bucket_vs_eager_scores": compare(graph_scores, scores),
+                 "all_token_last_layer_scores_vs_torch_fp32": compare(all_token_scores, reference_scores),
+                 "first_token_vs_all_token_last_layer_scores": compare(scores, all_token_scores)}
         if reference_hidden is not None:
             entry["hidden_vs_torch_fp32"] = compare(hidden, reference_hidden)
             entry["scores_vs_fp32_model_unrounded_weights"] = compare(scores, ref_scores_fp32_weights)
@@ -151,7 +160,6 @@ def check_model(lib, config: dict, w32: dict[str, torch.Tensor], ids: np.ndarray
             entry["scores_vs_float64_reference"] = compare(scores, torch.as_tensor(float64_ref["scores"]))
             entry["hidden_vs_float64_reference"] = compare(hidden, torch.as_tensor(float64_ref["hidden"]))
         out[label] = entry
-        ranker.close()
     ranker = core.CudaRanker(lib, config, w16_as32, torch.float16, len(lengths), seq, custom_gemms=False)
     out["fp16_cublaslt"] = {"scores_vs_torch_fp32": compare(ranker.forward(ids_t, seg_t, lengths), ref_scores),
                             "graph_scores_vs_torch_fp32": compare(ranker.forward_graph(ids_t, seg_t, lengths),
@@ -286,6 +294,7 @@ def stage_time(res: Results, quick: bool) -> None:
     batches = (1, 32, 2048) if quick else BATCHES
     ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ)
     cublaslt = core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ, custom_gemms=False)
+    all_tokens = core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ, first_token_last_layer=False)
     del w32
     torch.manual_seed(0)
     hand = torch_models.HandRanker(cfg).cuda().half().eval()
@@ -303,6 +312,7 @@ def stage_time(res: Results, quick: bool) -> None:
             row["core_graph_ms"] = graph_replay_ms(ranker, ids, seg, lengths)
             row["core_eager_ms"] = median_ms(lambda: ranker._launch(bs, row["tokens"]))  # inputs still staged
             row["core_cublaslt_graph_ms"] = graph_replay_ms(cublaslt, ids, seg, lengths)  # side by side
+            row["core_all_tokens_graph_ms"] = graph_replay_ms(all_tokens, ids, seg, lengths)
             with torch.inference_mode():
                 ids64, seg64 = ids.long(), seg.long()
                 row["hf_sdpa_ms"] = median_ms(lambda: hf(input_ids=ids64, token_type_ids=seg64, attention_mask=mask))
@@ -328,7 +338,7 @@ def stage_time(res: Results, quick: bool) -> None:
             res.save()
     res.data["timing"]["gelu_plans"] = ranker.gelu_plans()
     res.save()
-    for r in (ranker, cublaslt):
+    for r in (ranker, cublaslt, all_tokens):
         r.close()
 
 
@@ -467,13 +477,15 @@ def stage_replay(res: Results, quick: bool) -> None:
 
 def readme_table(data: dict) -> str:
     lines = ["| batch | lengths | core + graph ms (seq/s) | core eager ms | core, cuBLASLt + graph ms (seq/s) | "
+             "core, last layer on all tokens + graph ms (seq/s) | "
              "PyTorch SDPA + graph ms (seq/s) | hand SDPA ms | HF sdpa ms | core vs best PyTorch |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in data.get("timing", {}).get("rows", []):
         best = min(r["hand_sdpa_graph_ms"], r["hand_sdpa_ms"], r["hf_sdpa_ms"])
         lines.append(f"| {r['batch']} | {r['dist']} | {r['core_graph_ms']:.3f} ({r['core_graph_seq_s']:,}) | "
                      f"{r['core_eager_ms']:.3f} | "
                      f"{r['core_cublaslt_graph_ms']:.3f} ({r['core_cublaslt_graph_seq_s']:,}) | "
+                     f"{r['core_all_tokens_graph_ms']:.3f} ({r['core_all_tokens_graph_seq_s']:,}) | "
                      f"{r['hand_sdpa_graph_ms']:.3f} ({r['hand_sdpa_graph_seq_s']:,}) | "
                      f"{r['hand_sdpa_ms']:.3f} | {r['hf_sdpa_ms']:.3f} | {best / r['core_graph_ms']:.2f}x |")
     rows = data.get("serving_replay", {}).get("rows", [])

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
             ids = torch.as_tensor(rng.integers(0, 1000, (len(lengths), seq)), dtype=torch.int32, device="cuda")
             seg = torch.zeros_like(ids)
             for dtype, options in ((torch.float16, {}), (torch.float16, {"custom_gemms": False}),
-                                   (torch.float32, {})):
+                                   (torch.float16, {"first_token_last_layer": False}), (torch.float32, {})):
                 ranker = core.CudaRanker(lib, cfg, w, dtype, len(lengths), seq, autotune=False, **options)
                 scores = ranker.forward(ids, seg, lengths)
                 graph_scores = ranker.forward_graph(ids, seg, lengths)

@@ -7,6 +7,8 @@
 //    the way out. Padded keys are masked, so the cost follows the real lengths.
 //  - StreamingAttentionKernel (any head size <= 128, any length, float or half): one warp per query row with an
 //    online softmax over keys; the fallback for float and long rows.
+//  - FirstTokenAttentionKernel (any head size <= 128, any length, float or half): the query of each row's first
+//    token only, for a last layer that runs for first tokens alone (kernels.h).
 #include <algorithm>
 #include <string>
 
@@ -240,6 +242,85 @@ __global__ void __launch_bounds__(kStreamingWarps * 32)
   }
 }
 
+constexpr int kFirstTokenWarps = 4;
+
+// One warp per (row, head) for the row's first query: keys in chunks of 32, one key per lane (its score from the
+// query in shared memory and 4-byte loads of the key), an online softmax across chunks, then each lane
+// accumulates its dims over the chunk's values (the probabilities broadcast by shuffle, the value loads
+// coalesced). The warp also copies its head's slice of the first token's input row into `residual`, which the
+// attention-output LayerNorm adds, so the last layer needs no gather of its own.
+template <typename T>
+__global__ void __launch_bounds__(kFirstTokenWarps * 32)
+    FirstTokenAttentionKernel(const T* __restrict__ qkv, const T* __restrict__ hidden_in,
+                              const int32_t* __restrict__ cu_seqlens, int batch, int num_heads, int head_size,
+                              float scale_log2, T* __restrict__ context, T* __restrict__ residual) {
+  __shared__ float query_shared[kFirstTokenWarps][32 * kMaxStreamingDimsPerLane];
+  WaitForPrecedingKernels();
+  using V = Vec2<T>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int unit = blockIdx.x * kFirstTokenWarps + warp;
+  if (unit >= batch * num_heads) return;
+  const int row = unit / num_heads, head = unit % num_heads;
+  const int hidden = num_heads * head_size;
+  const int begin = cu_seqlens[row];
+  const int len = cu_seqlens[row + 1] - begin;
+  T* out = context + static_cast<int64_t>(row) * hidden + head * head_size;
+  T* res = residual + static_cast<int64_t>(row) * hidden + head * head_size;
+  const T* in = hidden_in + static_cast<int64_t>(begin) * hidden + head * head_size;
+  for (int d = lane; d < head_size; d += 32) {
+    res[d] = len == 0 ? FromFloat<T>(0.f) : in[d];
+    if (len == 0) out[d] = FromFloat<T>(0.f);
+  }
+  if (len == 0) return;
+  const int64_t row_stride = 3ll * hidden;
+  const T* q_ptr = qkv + static_cast<int64_t>(begin) * row_stride + head * head_size;
+  float* q = query_shared[warp];
+  for (int d = lane; d < head_size; d += 32) q[d] = ToFloat(q_ptr[d]) * scale_log2;
+  __syncwarp();
+  const T* keys = qkv + static_cast<int64_t>(begin) * row_stride + hidden + head * head_size;
+  float acc[kMaxStreamingDimsPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) acc[i] = 0.f;
+  float running_max = -INFINITY, running_sum = 0.f;
+  for (int chunk = 0; chunk < len; chunk += 32) {
+    const int key = chunk + lane;
+    float s = -INFINITY;
+    if (key < len) {
+      const auto* k2 = reinterpret_cast<const typename V::type*>(keys + key * row_stride);
+      s = 0.f;
+#pragma unroll 8
+      for (int d2 = 0; d2 < head_size / 2; ++d2) {
+        const float2 k = V::ToFloat2(k2[d2]);
+        s = fmaf(q[2 * d2], k.x, fmaf(q[2 * d2 + 1], k.y, s));
+      }
+    }
+    const float new_max = fmaxf(running_max, WarpMax(s));
+    const float p = key < len ? exp2f(s - new_max) : 0.f;
+    const float correction = exp2f(running_max - new_max);
+    running_sum = running_sum * correction + WarpSum(p);
+    running_max = new_max;
+#pragma unroll
+    for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) acc[i] *= correction;
+    const int keys_here = min(32, len - chunk);
+#pragma unroll 8
+    for (int j = 0; j < keys_here; ++j) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      const T* v_ptr = keys + (chunk + j) * row_stride + hidden;
+#pragma unroll
+      for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) {
+        const int d = lane + 32 * i;
+        if (d < head_size) acc[i] = fmaf(pj, ToFloat(v_ptr[d]), acc[i]);
+      }
+    }
+  }
+  const float inv_sum = 1.f / running_sum;
+#pragma unroll
+  for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) {
+    const int d = lane + 32 * i;
+    if (d < head_size) out[d] = FromFloat<T>(acc[i] * inv_sum);
+  }
+}
+
 template <int D, int kMaxKeys>
 void LaunchFusedFor(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t num_heads, float scale_log2,
                     __half* context, cudaStream_t stream) {
@@ -278,6 +359,26 @@ void LaunchStreaming(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int
 }
 
 }  // namespace
+
+template <typename T>
+void LaunchFirstTokenAttention(const T* qkv, const T* hidden_in, const int32_t* cu_seqlens, int64_t batch,
+                               int64_t num_heads, int64_t head_size, T* context, T* residual, cudaStream_t stream) {
+  if (head_size > 32 * kMaxStreamingDimsPerLane || head_size % 2 != 0) {
+    throw std::runtime_error("the CUDA attention supports even head sizes up to " +
+                             std::to_string(32 * kMaxStreamingDimsPerLane) + ", got " + std::to_string(head_size));
+  }
+  if (batch == 0) return;
+  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(head_size));
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(batch * num_heads, kFirstTokenWarps));
+  LaunchAfterPredecessor("FirstTokenAttentionKernel", FirstTokenAttentionKernel<T>, blocks, kFirstTokenWarps * 32, 0,
+                         stream, qkv, hidden_in, cu_seqlens, static_cast<int>(batch), static_cast<int>(num_heads),
+                         static_cast<int>(head_size), scale_log2, context, residual);
+}
+
+template void LaunchFirstTokenAttention<__half>(const __half*, const __half*, const int32_t*, int64_t, int64_t,
+                                                int64_t, __half*, __half*, cudaStream_t);
+template void LaunchFirstTokenAttention<float>(const float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
+                                               float*, float*, cudaStream_t);
 
 template <>
 void LaunchAttention<__half>(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen,

@@ -87,12 +87,17 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
 template <typename T, int kPairs>
 __global__ void __launch_bounds__(kThreads)
     ResidualLayerNormKernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
-                            int num_tokens, int width, float epsilon, T* __restrict__ hidden) {
+                            int num_tokens, int width, float epsilon, T* __restrict__ hidden,
+                            const int32_t* __restrict__ zero_rows_without_tokens) {
   WaitForPrecedingKernels();
   using V = Vec2<T>;
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (t >= num_tokens) return;
+  if (zero_rows_without_tokens != nullptr && zero_rows_without_tokens[t + 1] == zero_rows_without_tokens[t]) {
+    for (int c = lane; c < width; c += 32) hidden[static_cast<int64_t>(t) * width + c] = FromFloat<T>(0.f);
+    return;
+  }
   const auto* x2 = reinterpret_cast<const typename V::type*>(x + static_cast<int64_t>(t) * width);
   const auto* h2 = reinterpret_cast<const typename V::type*>(hidden + static_cast<int64_t>(t) * width);
   float2 v[kPairs];
@@ -265,13 +270,13 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
 }
 
 template <typename T>
-void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t num_tokens, int64_t width,
-                             float epsilon, T* hidden, cudaStream_t stream) {
+void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t rows, int64_t width, float epsilon,
+                             T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens) {
   CheckWidth(width);
-  if (num_tokens == 0) return;
+  if (rows == 0) return;
   DispatchPairs(width, [&]<int kPairs>() {
-    LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs>, WarpBlocks(num_tokens),
-                           kThreads, 0, stream, x, gamma, beta, num_tokens, width, epsilon, hidden);
+    LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs>, WarpBlocks(rows), kThreads,
+                           0, stream, x, gamma, beta, rows, width, epsilon, hidden, zero_rows_without_tokens);
   });
 }
 
@@ -335,7 +340,8 @@ void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classi
   template void LaunchEmbeddingLayerNorm<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,     \
                                             const int32_t*, const int32_t*, int64_t, const int32_t*, int64_t,       \
                                             int64_t, int64_t, float, T*, cudaStream_t);                             \
-  template void LaunchResidualLayerNorm<T>(const T*, const T*, const T*, int64_t, int64_t, float, T*, cudaStream_t); \
+  template void LaunchResidualLayerNorm<T>(const T*, const T*, const T*, int64_t, int64_t, float, T*, cudaStream_t,  \
+                                           const int32_t*);                                                         \
   template void LaunchGelu<T>(T*, int64_t, cudaStream_t);                                                           \
   template void LaunchGatherFirstToken<T>(const T*, int64_t, const int32_t*, int64_t, T*, cudaStream_t);            \
   template void LaunchRemovePadding<T>(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*,            \

@@ -1,9 +1,11 @@
 // The CUDA backend of bert_core.h: per layer one QKV GEMM (bias in the cuBLASLt epilogue), fused attention,
 // output GEMM + (residual + LayerNorm), FFN GEMM + GELU (in fp16 through GemmBiasGelu, which puts GELU in a CUTLASS
-// GEMM's epilogue where that is faster), FFN output GEMM + (residual + LayerNorm). Tokens stay
-// packed throughout; the launch shapes come from the host-side PackedBatch, so nothing waits on the device.
+// GEMM's epilogue where that is faster), FFN output GEMM + (residual + LayerNorm); asked for first tokens, the
+// last layer past its QKV GEMM runs on one row per sequence. Tokens stay packed throughout; the launch shapes
+// come from the host-side PackedBatch, so nothing waits on the device.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -83,10 +85,10 @@ struct LayerWeights {
 }  // namespace
 
 template <typename T>
-int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens) {
-  const int64_t element = sizeof(T);
-  return Aligned(kGemmWorkspaceBytes) + Aligned(max_tokens * 3 * dims.hidden * element) +
-         2 * Aligned(max_tokens * dims.hidden * element) + Aligned(max_tokens * dims.intermediate * element);
+int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens, int64_t max_batch) {
+  const int64_t element = sizeof(T), rows = std::max(max_tokens, max_batch);
+  return Aligned(kGemmWorkspaceBytes) + Aligned(rows * 3 * dims.hidden * element) +
+         2 * Aligned(rows * dims.hidden * element) + Aligned(rows * dims.intermediate * element);
 }
 
 template <typename T>
@@ -106,45 +108,90 @@ bool UsesCustomGemms(const GemmContext* gemm, const EncoderDims& dims, bool half
 }
 
 template <typename D>
-void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
-           bool custom_gemms, D* x, GemmContext* gemm, void* stream) {
-  const int64_t n = batch.num_tokens, h = dims.hidden, inter = dims.intermediate;
+void QkvGemm(const LayerWeights<D>& w, const EncoderDims& dims, const PackedBatch& batch, const EncoderBuffers<D>& buf,
+             const D* x, GemmContext* gemm, void* stream) {
+  Gemm<D, D>(gemm, x, w.qkv_kernel, w.qkv_bias, buf.qkv, batch.num_tokens, 3 * dims.hidden, dims.hidden,
+             Epilogue::kBias, buf.gemm_workspace, stream);
+}
+
+// The layer after its attention, on `rows` rows of buf.context (attention output) and x (the layer's input,
+// overwritten with its output): attention-output GEMM + residual + LayerNorm, FFN GEMM + GELU, FFN-output GEMM +
+// residual + LayerNorm. zero_rows_without_tokens: see LaunchResidualLayerNorm.
+template <typename D>
+void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t rows, const EncoderBuffers<D>& buf,
+                    bool custom_gemms, D* x, GemmContext* gemm, void* stream,
+                    const int32_t* zero_rows_without_tokens = nullptr) {
+  const int64_t h = dims.hidden, inter = dims.intermediate;
   const cudaStream_t s = AsStream(stream);
   auto gemm_bias = [&](const D* in, const D* weight, const D* bias, D* out, int64_t n_out, int64_t k_in) {
-    Gemm<D, D>(gemm, in, weight, bias, out, n, n_out, k_in, Epilogue::kBias, buf.gemm_workspace, stream);
+    Gemm<D, D>(gemm, in, weight, bias, out, rows, n_out, k_in, Epilogue::kBias, buf.gemm_workspace, stream);
   };
-  gemm_bias(x, w.qkv_kernel, w.qkv_bias, buf.qkv, 3 * h, h);
-  LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
-                     dims.head_size(), buf.context, s);
   gemm_bias(buf.context, w.attention_output_kernel, w.attention_output_bias, buf.dense, h, h);
-  LaunchResidualLayerNorm<D>(buf.dense, w.attention_ln_gamma, w.attention_ln_beta, n, h, dims.layer_norm_epsilon, x,
-                             s);
+  LaunchResidualLayerNorm<D>(buf.dense, w.attention_ln_gamma, w.attention_ln_beta, rows, h, dims.layer_norm_epsilon,
+                             x, s);
   if (custom_gemms) {  // fp16 only (UsesCustomGemms)
     if constexpr (std::is_same_v<D, __half>) {
-      GemmBiasGelu(gemm, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, n, inter, h, buf.gemm_workspace,
+      GemmBiasGelu(gemm, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, rows, inter, h, buf.gemm_workspace,
                    stream);
     }
   } else {
     gemm_bias(x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, inter, h);
-    LaunchGelu<D>(buf.ffn, n * inter, s);
+    LaunchGelu<D>(buf.ffn, rows * inter, s);
   }
   gemm_bias(buf.ffn, w.output_kernel, w.output_bias, buf.dense, h, inter);
-  LaunchResidualLayerNorm<D>(buf.dense, w.output_ln_gamma, w.output_ln_beta, n, h, dims.layer_norm_epsilon, x, s);
+  LaunchResidualLayerNorm<D>(buf.dense, w.output_ln_gamma, w.output_ln_beta, rows, h, dims.layer_norm_epsilon, x, s,
+                             zero_rows_without_tokens);
+}
+
+template <typename D>
+void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
+           bool custom_gemms, D* x, GemmContext* gemm, void* stream) {
+  QkvGemm<D>(w, dims, batch, buf, x, gemm, stream);
+  LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
+                     dims.head_size(), buf.context, AsStream(stream));
+  AfterAttention<D>(dims, w, batch.num_tokens, buf, custom_gemms, x, gemm, stream);
+}
+
+// A layer for each row's first token only: the QKV GEMM still runs on every token (all are keys and values), the
+// rest on [batch, H] rows, the output going to `first` (the attention kernel copies the residual rows there).
+template <typename D>
+void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch,
+                     const EncoderBuffers<D>& buf, bool custom_gemms, const D* x, D* first, GemmContext* gemm,
+                     void* stream) {
+  QkvGemm<D>(w, dims, batch, buf, x, gemm, stream);
+  LaunchFirstTokenAttention<D>(buf.qkv, x, batch.cu_seqlens_device, batch.batch, dims.num_heads, dims.head_size(),
+                               buf.context, first, AsStream(stream));
+  AfterAttention<D>(dims, w, batch.batch, buf, custom_gemms, first, gemm, stream, batch.cu_seqlens_device);
 }
 
 }  // namespace
 
 template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
-             void* workspace, GemmContext* gemm, void* stream) {
+             void* workspace, GemmContext* gemm, void* stream, T* first_tokens) {
   CheckDims(dims);
   using D = DeviceT<T>;
-  if (batch.num_tokens == 0) return;
-  const EncoderBuffers<D> buf(dims, batch.num_tokens, workspace);
+  const cudaStream_t s = AsStream(stream);
+  if (batch.num_tokens == 0) {
+    if (first_tokens != nullptr) {
+      ThrowIfFailed(cudaMemsetAsync(first_tokens, 0, batch.batch * dims.hidden * sizeof(T), s), "zero first tokens");
+    }
+    return;
+  }
+  const EncoderBuffers<D> buf(dims, std::max(batch.num_tokens, batch.batch), workspace);
   const bool custom_gemms = UsesCustomGemms(gemm, dims, std::is_same_v<D, __half>);
-  for (int64_t l = 0; l < dims.num_layers; ++l) {
+  const int64_t all_token_layers = first_tokens == nullptr ? dims.num_layers : dims.num_layers - 1;
+  for (int64_t l = 0; l < all_token_layers; ++l) {
     Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, custom_gemms, ToDevice(hidden), gemm, stream);
   }
+  if (first_tokens == nullptr) return;
+  if (dims.num_layers == 0) {
+    LaunchGatherFirstToken<D>(ToDevice(hidden), dims.hidden, batch.cu_seqlens_device, batch.batch,
+                              ToDevice(first_tokens), s);
+    return;
+  }
+  FirstTokenLayer<D>(dims, LayerWeights<D>(dims, w, dims.num_layers - 1), batch, buf, custom_gemms, ToDevice(hidden),
+                     ToDevice(first_tokens), gemm, stream);
 }
 
 template <typename T>
@@ -167,11 +214,11 @@ void GatherFirstToken(const T* packed, int64_t hidden, const PackedBatch& batch,
 }
 
 #define BERTSERVE_INSTANTIATE_CUDA_CORE(T)                                                                          \
-  template int64_t EncoderWorkspaceBytes<T>(const EncoderDims&, int64_t);                                           \
+  template int64_t EncoderWorkspaceBytes<T>(const EncoderDims&, int64_t, int64_t);                                  \
   template void Embedding<T>(const EmbeddingWeights<T>&, const int32_t*, const int32_t*, int64_t, const PackedBatch&, \
                              T*, void*);                                                                            \
   template void Encoder<T>(const EncoderDims&, const EncoderWeights<T>&, const PackedBatch&, T*, void*, GemmContext*, \
-                           void*);                                                                                  \
+                           void*, T*);                                                                              \
   template void RemovePadding<T>(const T*, int64_t, int64_t, const PackedBatch&, T*, void*);                        \
   template void RebuildPadding<T>(const T*, int64_t, int64_t, const PackedBatch&, T*, void*);                       \
   template void GatherFirstToken<T>(const T*, int64_t, const PackedBatch&, T*, void*);

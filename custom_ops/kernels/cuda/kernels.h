@@ -28,10 +28,12 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
                               const int32_t* segment_ids, int64_t seq, const int32_t* cu_seqlens, int64_t batch,
                               int64_t num_tokens, int64_t hidden, float epsilon, T* out, cudaStream_t stream);
 
-// hidden = LayerNorm(x + hidden) * gamma + beta, row by row over [num_tokens, width] (x already holds the bias).
+// hidden = LayerNorm(x + hidden) * gamma + beta, row by row over [rows, width] (x already holds the bias). With
+// zero_rows_without_tokens (a cu_seqlens [rows + 1]), the rows are a batch's rows and a row without tokens is
+// written as zeros instead.
 template <typename T>
-void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t num_tokens, int64_t width,
-                             float epsilon, T* hidden, cudaStream_t stream);
+void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t rows, int64_t width, float epsilon,
+                             T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens = nullptr);
 
 // Keeps the stream busy for about `cycles` GPU clocks, so that launches enqueued behind it run back to back when
 // timed: the time measured is the GPU's, not the host's launch overhead.
@@ -47,6 +49,13 @@ void LaunchGelu(T* x, int64_t count, cudaStream_t stream);
 template <typename T>
 void LaunchAttention(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
                      int64_t head_size, T* context, cudaStream_t stream);
+
+// The attention of each row's first token only (a last layer run for first tokens alone): context [batch, H],
+// row b from the query of token cu_seqlens[b] over the row's keys and values in qkv [num_tokens, 3H]; residual
+// [batch, H] gets that token's row of hidden_in [num_tokens, H]. A row without tokens gets zeros in both.
+template <typename T>
+void LaunchFirstTokenAttention(const T* qkv, const T* hidden_in, const int32_t* cu_seqlens, int64_t batch,
+                               int64_t num_heads, int64_t head_size, T* context, T* residual, cudaStream_t stream);
 
 template <typename T>
 void LaunchGatherFirstToken(const T* packed, int64_t hidden, const int32_t* cu_seqlens, int64_t batch, T* first,

@@ -32,6 +32,7 @@ struct Ranker {
   int64_t vocab_size, max_positions, type_vocab_size, num_labels;
   const void* weights[kNumWeights];
   GemmContext* gemm;
+  bool first_token_last_layer;  // the encoder's last layer for first tokens only (bert_core.h)
 };
 
 int64_t ElementBytes(const Ranker& r) { return r.half ? 2 : 4; }
@@ -75,7 +76,8 @@ EmbeddingWeights<T> EmbeddingWeightsOf(const Ranker& r) {
 }
 
 // Workspace: packed hidden [N, H] | first tokens [B, H] | pooled [B, H] fp32 | encoder scratch. The pooler
-// writes fp32 so that the tanh and the classifier see it unrounded.
+// writes fp32 so that the tanh and the classifier see it unrounded. With first_token_last_layer the encoder
+// writes the first tokens itself and hidden ends as its last layer's input.
 template <typename T>
 void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
              const PackedBatch& batch, void* workspace, T* hidden_out, float* scores, void* stream) {
@@ -93,8 +95,13 @@ void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_i
   auto weight = [&r](int i) { return static_cast<const D*>(r.weights[i]); };
 
   Embedding<T>(EmbeddingWeightsOf<T>(r), input_ids, segment_ids, seq, batch, hidden, stream);
-  Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream);
-  LaunchGatherFirstToken<D>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, first, AsStream(stream));
+  if (r.first_token_last_layer) {
+    Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream,
+               reinterpret_cast<T*>(first));
+  } else {
+    Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream);
+    LaunchGatherFirstToken<D>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, first, AsStream(stream));
+  }
   // The pooler GEMM reuses the encoder scratch's leading cuBLASLt workspace.
   Gemm<D, float>(r.gemm, first, weight(kPoolerKernel), nullptr, pooled, batch.batch, h, h, Epilogue::kNone,
                  encoder_workspace, stream);
@@ -135,8 +142,10 @@ extern "C" {
 const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
 
 // half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
-// autotune, custom_gemms: GemmOptions (gemm.h).
-void* bertserve_cuda_ranker_create(int half, int autotune, int custom_gemms, int64_t vocab_size, int64_t hidden,
+// autotune, custom_gemms: GemmOptions (gemm.h). first_token_last_layer: 1 runs the encoder's last layer for each
+// row's first token only (what the pooler reads), 0 for every token.
+void* bertserve_cuda_ranker_create(int half, int autotune, int custom_gemms, int first_token_last_layer,
+                                   int64_t vocab_size, int64_t hidden,
                                    int64_t num_heads, int64_t intermediate, int64_t num_layers, int64_t max_positions,
                                    int64_t type_vocab_size, int64_t num_labels, float layer_norm_epsilon,
                                    const void* const* weights) {
@@ -145,6 +154,7 @@ void* bertserve_cuda_ranker_create(int half, int autotune, int custom_gemms, int
     if (num_labels != 1 && num_labels != 2) throw std::runtime_error("num_labels must be 1 or 2");
     auto* r = new Ranker{};
     r->half = half != 0;
+    r->first_token_last_layer = first_token_last_layer != 0;
     r->dims.hidden = hidden;
     r->dims.num_heads = num_heads;
     r->dims.intermediate = intermediate;
@@ -186,15 +196,17 @@ void bertserve_cuda_ranker_destroy(void* ranker) {
 int64_t bertserve_cuda_ranker_workspace_bytes(void* ranker, int64_t max_tokens, int64_t max_batch) {
   const Ranker& r = *static_cast<Ranker*>(ranker);
   const int64_t e = bertserve::cuda::ElementBytes(r);
-  const int64_t encoder = r.half ? bertserve::cuda::EncoderWorkspaceBytes<bertserve::fp16>(r.dims, max_tokens)
-                                 : bertserve::cuda::EncoderWorkspaceBytes<float>(r.dims, max_tokens);
+  const int64_t encoder =
+      r.half ? bertserve::cuda::EncoderWorkspaceBytes<bertserve::fp16>(r.dims, max_tokens, max_batch)
+             : bertserve::cuda::EncoderWorkspaceBytes<float>(r.dims, max_tokens, max_batch);
   return bertserve::cuda::AlignedBytes(max_tokens * r.dims.hidden * e) +
          bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * e) +
          bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * sizeof(float)) + encoder;
 }
 
 // input_ids/segment_ids: device [batch, seq]; cu_seqlens on host and device; num_tokens >= cu_seqlens[batch]
-// (a larger value runs a CUDA-graph bucket); hidden_out: device [num_tokens, H] or null; scores: device [batch].
+// (a larger value runs a CUDA-graph bucket); hidden_out: device [num_tokens, H] or null (the encoder's output, or
+// its last layer's input with first_token_last_layer); scores: device [batch].
 int bertserve_cuda_ranker_forward(void* ranker, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
                                   int64_t batch, const int32_t* cu_seqlens_host, const int32_t* cu_seqlens_device,
                                   int64_t num_tokens, int64_t max_seqlen, void* workspace, void* hidden_out,
