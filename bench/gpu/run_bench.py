@@ -117,6 +117,7 @@ def compare(ours: torch.Tensor, ref: torch.Tensor) -> dict:
     ours, ref = ours.double().cpu(), ref.double().cpu()
     diff = (ours - ref).abs()
     return {"max_abs": float(diff.max()) if diff.numel() else 0.0,
+            "rms": float(diff.pow(2).mean().sqrt()) if diff.numel() else 0.0,
             "rel_l2": float(diff.norm() / max(ref.norm(), 1e-30)), "finite": bool(torch.isfinite(ours).all())}
 
 

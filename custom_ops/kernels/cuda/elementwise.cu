@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
 
 template <typename T, int kPairs>
 __global__ void __launch_bounds__(kThreads)
-    ResidualLayerNormKernel(const T* __restrict__ x, const T* __restrict__ gamma, const T* __restrict__ beta,
-                            int num_tokens, int width, float epsilon, T* __restrict__ hidden,
+    ResidualLayerNormKernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ gamma,
+                            const T* __restrict__ beta, int num_tokens, int width, float epsilon, T* __restrict__ hidden,
                             const int32_t* __restrict__ zero_rows_without_tokens) {
   WaitForPrecedingKernels();
   using V = Vec2<T>;
@@ -100,14 +100,15 @@ __global__ void __launch_bounds__(kThreads)
   }
   const auto* x2 = reinterpret_cast<const typename V::type*>(x + static_cast<int64_t>(t) * width);
   const auto* h2 = reinterpret_cast<const typename V::type*>(hidden + static_cast<int64_t>(t) * width);
+  const auto* bias2 = reinterpret_cast<const typename V::type*>(bias);
   float2 v[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
     const int q = i * 32 + lane;
     v[i] = make_float2(0.f, 0.f);
     if (2 * q < width) {
-      const float2 a = V::ToFloat2(x2[q]), r = V::ToFloat2(h2[q]);
-      v[i] = make_float2(a.x + r.x, a.y + r.y);
+      const float2 a = V::ToFloat2(x2[q]), b = V::ToFloat2(bias2[q]), r = V::ToFloat2(h2[q]);
+      v[i] = make_float2(a.x + b.x + r.x, a.y + b.y + r.y);
     }
   }
   LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, hidden + static_cast<int64_t>(t) * width);
@@ -135,37 +136,47 @@ void CheckWidth(int64_t width) {
   }
 }
 
-// 16 bytes per thread per access (8 halves or 4 floats), kUnroll independent accesses in flight per thread; the
-// count % vector tail is done by the first threads.
+// 16 bytes per thread per access (8 halves or 4 floats), kUnroll independent accesses in flight per thread, the
+// bias added in fp32 before GELU (one rounding of the result). Unless `vectorized` (rows made of whole 16-byte
+// vectors, both pointers 16-byte aligned; intermediate sizes are multiples of 8 in practice), element by element.
 template <typename T>
-__global__ void GeluKernel(T* __restrict__ x, int64_t count) {
+__global__ void BiasGeluKernel(T* __restrict__ x, const T* __restrict__ bias, int64_t count, int width,
+                               bool vectorized) {
   WaitForPrecedingKernels();
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
-  const int64_t vectors = count / kVec;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (!vectorized) {
+    for (int64_t i = first; i < count; i += stride) x[i] = FromFloat<T>(GeluErf(ToFloat(x[i]) + ToFloat(bias[i % width])));
+    return;
+  }
+  const int64_t vectors = count / kVec;
   uint4* v4 = reinterpret_cast<uint4*>(x);
+  const uint4* b4 = reinterpret_cast<const uint4*>(bias);
+  const int vectors_per_row = width / kVec;
   for (int64_t base = first; base < vectors; base += kUnroll * stride) {
-    uint4 raw[kUnroll];
+    uint4 raw[kUnroll], raw_bias[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * stride;
-      if (i < vectors) raw[u] = v4[i];
+      if (i < vectors) {
+        raw[u] = v4[i];
+        raw_bias[u] = b4[i % vectors_per_row];
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * stride;
       if (i < vectors) {
         T* v = reinterpret_cast<T*>(&raw[u]);
+        const T* b = reinterpret_cast<const T*>(&raw_bias[u]);
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) v[e] = FromFloat<T>(GeluErf(ToFloat(v[e])));
+        for (int e = 0; e < kVec; ++e) v[e] = FromFloat<T>(GeluErf(ToFloat(v[e]) + ToFloat(b[e])));
         v4[i] = raw[u];
       }
     }
   }
-  const int64_t tail = vectors * kVec + first;
-  if (tail < count) x[tail] = FromFloat<T>(GeluErf(ToFloat(x[tail])));
 }
 
 template <typename T>
@@ -270,13 +281,13 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
 }
 
 template <typename T>
-void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t rows, int64_t width, float epsilon,
-                             T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens) {
+void LaunchResidualLayerNorm(const T* x, const T* bias, const T* gamma, const T* beta, int64_t rows, int64_t width,
+                             float epsilon, T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens) {
   CheckWidth(width);
   if (rows == 0) return;
   DispatchPairs(width, [&]<int kPairs>() {
     LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs>, WarpBlocks(rows), kThreads,
-                           0, stream, x, gamma, beta, rows, width, epsilon, hidden, zero_rows_without_tokens);
+                           0, stream, x, bias, gamma, beta, rows, width, epsilon, hidden, zero_rows_without_tokens);
   });
 }
 
@@ -296,11 +307,15 @@ void LaunchSpin(int64_t cycles, cudaStream_t stream) {
 }
 
 template <typename T>
-void LaunchGelu(T* x, int64_t count, cudaStream_t stream) {
+void LaunchBiasGelu(T* x, const T* bias, int64_t rows, int64_t width, cudaStream_t stream) {
+  const int64_t count = rows * width;
   if (count == 0) return;
   const int64_t vectors = std::max<int64_t>(1, count / (16 / sizeof(T)));
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(vectors, 256), 132 * 8));
-  LaunchAfterPredecessor("GeluKernel", GeluKernel<T>, blocks, 256, 0, stream, x, count);
+  const bool vectorized = width % (16 / sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                          reinterpret_cast<uintptr_t>(bias) % 16 == 0;
+  LaunchAfterPredecessor("BiasGeluKernel", BiasGeluKernel<T>, blocks, 256, 0, stream, x, bias, count,
+                         static_cast<int>(width), vectorized);
 }
 
 template <typename T>
@@ -340,9 +355,9 @@ void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classi
   template void LaunchEmbeddingLayerNorm<T>(const T*, const T*, const T*, const T*, const T*, int64_t, int64_t,     \
                                             const int32_t*, const int32_t*, int64_t, const int32_t*, int64_t,       \
                                             int64_t, int64_t, float, T*, cudaStream_t);                             \
-  template void LaunchResidualLayerNorm<T>(const T*, const T*, const T*, int64_t, int64_t, float, T*, cudaStream_t,  \
-                                           const int32_t*);                                                         \
-  template void LaunchGelu<T>(T*, int64_t, cudaStream_t);                                                           \
+  template void LaunchResidualLayerNorm<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, float, T*,      \
+                                           cudaStream_t, const int32_t*);                                           \
+  template void LaunchBiasGelu<T>(T*, const T*, int64_t, int64_t, cudaStream_t);                                    \
   template void LaunchGatherFirstToken<T>(const T*, int64_t, const int32_t*, int64_t, T*, cudaStream_t);            \
   template void LaunchRemovePadding<T>(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*,            \
                                        cudaStream_t);                                                               \

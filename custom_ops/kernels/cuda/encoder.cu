@@ -119,28 +119,29 @@ void QkvGemm(const LayerWeights<D>& w, const EncoderDims& dims, const PackedBatc
 // residual + LayerNorm. zero_rows_without_tokens: see LaunchResidualLayerNorm.
 template <typename D>
 void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t rows, const EncoderBuffers<D>& buf,
-                    bool custom_gemms, D* x, GemmContext* gemm, void* stream,
+                    bool custom_gemms, D* x, GemmContext* context, void* stream,
                     const int32_t* zero_rows_without_tokens = nullptr) {
   const int64_t h = dims.hidden, inter = dims.intermediate;
   const cudaStream_t s = AsStream(stream);
-  auto gemm_bias = [&](const D* in, const D* weight, const D* bias, D* out, int64_t n_out, int64_t k_in) {
-    Gemm<D, D>(gemm, in, weight, bias, out, rows, n_out, k_in, Epilogue::kBias, buf.gemm_workspace, stream);
+  // The attention-output and FFN GEMMs leave their bias to the pass after them, which adds it in fp32.
+  auto gemm = [&](const D* in, const D* weight, D* out, int64_t n_out, int64_t k_in) {
+    Gemm<D, D>(context, in, weight, nullptr, out, rows, n_out, k_in, Epilogue::kNone, buf.gemm_workspace, stream);
   };
-  gemm_bias(buf.context, w.attention_output_kernel, w.attention_output_bias, buf.dense, h, h);
-  LaunchResidualLayerNorm<D>(buf.dense, w.attention_ln_gamma, w.attention_ln_beta, rows, h, dims.layer_norm_epsilon,
-                             x, s);
+  gemm(buf.context, w.attention_output_kernel, buf.dense, h, h);
+  LaunchResidualLayerNorm<D>(buf.dense, w.attention_output_bias, w.attention_ln_gamma, w.attention_ln_beta, rows, h,
+                             dims.layer_norm_epsilon, x, s);
   if (custom_gemms) {  // fp16 only (UsesCustomGemms)
     if constexpr (std::is_same_v<D, __half>) {
-      GemmBiasGelu(gemm, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, rows, inter, h, buf.gemm_workspace,
-                   stream);
+      GemmBiasGelu(context, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, rows, inter, h,
+                   buf.gemm_workspace, stream);
     }
   } else {
-    gemm_bias(x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, inter, h);
-    LaunchGelu<D>(buf.ffn, rows * inter, s);
+    gemm(x, w.intermediate_kernel, buf.ffn, inter, h);
+    LaunchBiasGelu<D>(buf.ffn, w.intermediate_bias, rows, inter, s);
   }
-  gemm_bias(buf.ffn, w.output_kernel, w.output_bias, buf.dense, h, inter);
-  LaunchResidualLayerNorm<D>(buf.dense, w.output_ln_gamma, w.output_ln_beta, rows, h, dims.layer_norm_epsilon, x, s,
-                             zero_rows_without_tokens);
+  gemm(buf.ffn, w.output_kernel, buf.dense, h, inter);
+  LaunchResidualLayerNorm<D>(buf.dense, w.output_bias, w.output_ln_gamma, w.output_ln_beta, rows, h,
+                             dims.layer_norm_epsilon, x, s, zero_rows_without_tokens);
 }
 
 template <typename D>

@@ -60,8 +60,8 @@ std::string ShapeOf(const Problem& p) {
 // Enqueues the plan; returns false when a CUTLASS configuration cannot run this shape.
 bool Launch(GemmContext* context, const GeluPlan& plan, const Problem& p, void* workspace, cudaStream_t stream) {
   if (plan.runner < 0) {
-    Gemm<__half, __half>(context, p.x, p.w, p.bias, p.y, p.m, p.n, p.k, Epilogue::kBias, workspace, stream);
-    LaunchGelu<__half>(p.y, p.m * p.n, stream);
+    Gemm<__half, __half>(context, p.x, p.w, nullptr, p.y, p.m, p.n, p.k, Epilogue::kNone, workspace, stream);
+    LaunchBiasGelu<__half>(p.y, p.bias, p.m, p.n, stream);
     return true;
   }
   return AllRunners()[plan.runner].run(p, plan.splits, workspace, kGemmWorkspaceBytes, stream) ==

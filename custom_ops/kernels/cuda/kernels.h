@@ -28,21 +28,22 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
                               const int32_t* segment_ids, int64_t seq, const int32_t* cu_seqlens, int64_t batch,
                               int64_t num_tokens, int64_t hidden, float epsilon, T* out, cudaStream_t stream);
 
-// hidden = LayerNorm(x + hidden) * gamma + beta, row by row over [rows, width] (x already holds the bias). With
-// zero_rows_without_tokens (a cu_seqlens [rows + 1]), the rows are a batch's rows and a row without tokens is
-// written as zeros instead.
+// hidden = LayerNorm(x + bias + hidden) * gamma + beta, row by row over [rows, width], the sum in fp32 (x is a GEMM
+// output without its bias, which would otherwise be rounded to T once more). With zero_rows_without_tokens (a
+// cu_seqlens [rows + 1]), the rows are a batch's rows and a row without tokens is written as zeros instead.
 template <typename T>
-void LaunchResidualLayerNorm(const T* x, const T* gamma, const T* beta, int64_t rows, int64_t width, float epsilon,
-                             T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens = nullptr);
+void LaunchResidualLayerNorm(const T* x, const T* bias, const T* gamma, const T* beta, int64_t rows, int64_t width,
+                             float epsilon, T* hidden, cudaStream_t stream,
+                             const int32_t* zero_rows_without_tokens = nullptr);
 
 // Keeps the stream busy for about `cycles` GPU clocks, so that launches enqueued behind it run back to back when
 // timed: the time measured is the GPU's, not the host's launch overhead.
 void LaunchSpin(int64_t cycles, cudaStream_t stream);
 constexpr int64_t kSpinCyclesBeforeTiming = 2000000;  // ~1 ms, longer than enqueuing a timed series
 
-// x = GELU(x) (erf form) in place over count elements.
+// x = GELU(x + bias) (erf form) in place over [rows, width], bias [width] added in fp32.
 template <typename T>
-void LaunchGelu(T* x, int64_t count, cudaStream_t stream);
+void LaunchBiasGelu(T* x, const T* bias, int64_t rows, int64_t width, cudaStream_t stream);
 
 // Attention of every row over its own real tokens: context[t, h*D:(h+1)*D] from qkv [num_tokens, 3H]
 // (query | key | value blocks, head h at columns h*D of each). max_seqlen bounds every row's length.
