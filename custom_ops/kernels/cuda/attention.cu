@@ -7,10 +7,12 @@
 //    the way out. Padded keys are masked, so the cost follows the real lengths.
 //  - StreamingAttentionKernel (any head size <= 128, any length, float or half): one warp per query row with an
 //    online softmax over keys; the fallback for float and long rows.
-//  - FirstTokenAttentionKernel (any head size <= 128, any length, float or half): the query of each row's first
-//    token only, for a last layer that runs for first tokens alone (kernels.h).
+// Each has a first-query mode (kFirstQuery) for a last layer run for first tokens alone (kernels.h): only the
+// query of each row's first token, its context written to row b of a [batch, H] output, and that token's input
+// row copied beside it as the residual.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/kernels.h"
@@ -58,11 +60,27 @@ __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// kMaxKeys (32, 64 or 128) bounds the rows of this launch; the block has kMaxKeys / 16 warps.
-template <int D, int kMaxKeys>
+// First-query mode: the head's slice of row `row`'s first input token -> residual row `row`; a row without tokens
+// gets zeros there and in its context row. Threads tid, tid + threads, ... of the caller share the copy.
+template <typename T>
+__device__ __forceinline__ void CopyFirstTokenResidual(const T* hidden_in, int begin, int len, int row, int head,
+                                                       int head_size, int hidden, int tid, int threads, T* residual,
+                                                       T* context) {
+  const T* in = hidden_in + static_cast<int64_t>(begin) * hidden + head * head_size;
+  const int64_t out = static_cast<int64_t>(row) * hidden + head * head_size;
+  for (int d = tid; d < head_size; d += threads) {
+    residual[out + d] = len == 0 ? FromFloat<T>(0.f) : in[d];
+    if (len == 0) context[out + d] = FromFloat<T>(0.f);
+  }
+}
+
+// kMaxKeys (32, 64 or 128) bounds the rows of this launch; the block has kMaxKeys / 16 warps, or one in
+// first-query mode (hidden_in and residual are read only there).
+template <int D, int kMaxKeys, bool kFirstQuery>
 __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
     FusedShortAttentionKernel(const __half* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
-                              float scale_log2, __half* __restrict__ context) {
+                              float scale_log2, __half* __restrict__ context, const __half* __restrict__ hidden_in,
+                              __half* __restrict__ residual) {
   WaitForPrecedingKernels();
   constexpr int kLd = D + 8;  // +16 bytes per row: the 8 rows an ldmatrix reads hit distinct banks
   constexpr int kKeyTiles = kMaxKeys / 8;
@@ -75,6 +93,9 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
   const int row = blockIdx.x, head = blockIdx.y;
   const int begin = cu_seqlens[row];
   const int len = cu_seqlens[row + 1] - begin;
+  if constexpr (kFirstQuery) {
+    CopyFirstTokenResidual(hidden_in, begin, len, row, head, D, hidden, threadIdx.x, blockDim.x, residual, context);
+  }
   if (len == 0) return;
   const int padded_len = (len + 15) & ~15;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -87,7 +108,7 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
     uint4 q = make_uint4(0, 0, 0, 0), k = q, v = q;
     if (r < len) {
       const __half* src = qkv + (begin + r) * row_stride + head * D + c;
-      q = *reinterpret_cast<const uint4*>(src);
+      if (!kFirstQuery || r < 16) q = *reinterpret_cast<const uint4*>(src);  // first-query mode: one m16 tile
       k = *reinterpret_cast<const uint4*>(src + hidden);
       v = *reinterpret_cast<const uint4*>(src + 2 * hidden);
     }
@@ -175,6 +196,13 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
 #pragma unroll
   for (int dt = 0; dt < kDimTiles; ++dt) {
     const int col = head * D + dt * 8 + key_in_tile;
+    if constexpr (kFirstQuery) {
+      if (row_lo == 0) {
+        *reinterpret_cast<__half2*>(context + static_cast<int64_t>(row) * hidden + col) =
+            __floats2half2_rn(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
+      }
+      continue;
+    }
     if (row_lo < len) {
       *reinterpret_cast<__half2*>(context + static_cast<int64_t>(begin + row_lo) * hidden + col) =
           __floats2half2_rn(o[dt][0] * inv_lo, o[dt][1] * inv_lo);
@@ -190,16 +218,21 @@ constexpr int kStreamingWarps = 4;
 constexpr int kMaxStreamingDimsPerLane = 4;  // head size <= 128
 
 // One warp per (query token, head): each lane owns dims lane, lane+32, ...; keys are visited once with a running
-// max and sum (online softmax), so any length works with registers only.
-template <typename T>
+// max and sum (online softmax), so any length works with registers only. First-query mode: one warp per (row,
+// head) for query 0.
+template <typename T, bool kFirstQuery>
 __global__ void __launch_bounds__(kStreamingWarps * 32)
     StreamingAttentionKernel(const T* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
-                             int head_size, float scale_log2, T* __restrict__ context) {
+                             int head_size, float scale_log2, T* __restrict__ context, const T* __restrict__ hidden_in,
+                             T* __restrict__ residual) {
   WaitForPrecedingKernels();
   const int row = blockIdx.x, head = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int begin = cu_seqlens[row];
   const int len = cu_seqlens[row + 1] - begin;
+  if constexpr (kFirstQuery) {
+    CopyFirstTokenResidual(hidden_in, begin, len, row, head, head_size, hidden, lane, 32, residual, context);
+  }
   const int query = blockIdx.z * kStreamingWarps + (threadIdx.x >> 5);
   if (query >= len) return;
   const int64_t row_stride = 3ll * hidden;
@@ -233,7 +266,7 @@ __global__ void __launch_bounds__(kStreamingWarps * 32)
     }
     running_max = new_max;
   }
-  T* out = context + static_cast<int64_t>(begin + query) * hidden + head * head_size;
+  T* out = context + static_cast<int64_t>(kFirstQuery ? row : begin + query) * hidden + head * head_size;
   const float inv_sum = 1.f / running_sum;
 #pragma unroll
   for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) {
@@ -242,165 +275,95 @@ __global__ void __launch_bounds__(kStreamingWarps * 32)
   }
 }
 
-constexpr int kFirstTokenWarps = 4;
-
-// One warp per (row, head) for the row's first query: keys in chunks of 32, one key per lane (its score from the
-// query in shared memory and 4-byte loads of the key), an online softmax across chunks, then each lane
-// accumulates its dims over the chunk's values (the probabilities broadcast by shuffle, the value loads
-// coalesced). The warp also copies its head's slice of the first token's input row into `residual`, which the
-// attention-output LayerNorm adds, so the last layer needs no gather of its own.
-template <typename T>
-__global__ void __launch_bounds__(kFirstTokenWarps * 32)
-    FirstTokenAttentionKernel(const T* __restrict__ qkv, const T* __restrict__ hidden_in,
-                              const int32_t* __restrict__ cu_seqlens, int batch, int num_heads, int head_size,
-                              float scale_log2, T* __restrict__ context, T* __restrict__ residual) {
-  __shared__ float query_shared[kFirstTokenWarps][32 * kMaxStreamingDimsPerLane];
-  WaitForPrecedingKernels();
-  using V = Vec2<T>;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int unit = blockIdx.x * kFirstTokenWarps + warp;
-  if (unit >= batch * num_heads) return;
-  const int row = unit / num_heads, head = unit % num_heads;
-  const int hidden = num_heads * head_size;
-  const int begin = cu_seqlens[row];
-  const int len = cu_seqlens[row + 1] - begin;
-  T* out = context + static_cast<int64_t>(row) * hidden + head * head_size;
-  T* res = residual + static_cast<int64_t>(row) * hidden + head * head_size;
-  const T* in = hidden_in + static_cast<int64_t>(begin) * hidden + head * head_size;
-  for (int d = lane; d < head_size; d += 32) {
-    res[d] = len == 0 ? FromFloat<T>(0.f) : in[d];
-    if (len == 0) out[d] = FromFloat<T>(0.f);
-  }
-  if (len == 0) return;
-  const int64_t row_stride = 3ll * hidden;
-  const T* q_ptr = qkv + static_cast<int64_t>(begin) * row_stride + head * head_size;
-  float* q = query_shared[warp];
-  for (int d = lane; d < head_size; d += 32) q[d] = ToFloat(q_ptr[d]) * scale_log2;
-  __syncwarp();
-  const T* keys = qkv + static_cast<int64_t>(begin) * row_stride + hidden + head * head_size;
-  float acc[kMaxStreamingDimsPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) acc[i] = 0.f;
-  float running_max = -INFINITY, running_sum = 0.f;
-  for (int chunk = 0; chunk < len; chunk += 32) {
-    const int key = chunk + lane;
-    float s = -INFINITY;
-    if (key < len) {
-      const auto* k2 = reinterpret_cast<const typename V::type*>(keys + key * row_stride);
-      s = 0.f;
-#pragma unroll 8
-      for (int d2 = 0; d2 < head_size / 2; ++d2) {
-        const float2 k = V::ToFloat2(k2[d2]);
-        s = fmaf(q[2 * d2], k.x, fmaf(q[2 * d2 + 1], k.y, s));
-      }
-    }
-    const float new_max = fmaxf(running_max, WarpMax(s));
-    const float p = key < len ? exp2f(s - new_max) : 0.f;
-    const float correction = exp2f(running_max - new_max);
-    running_sum = running_sum * correction + WarpSum(p);
-    running_max = new_max;
-#pragma unroll
-    for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) acc[i] *= correction;
-    const int keys_here = min(32, len - chunk);
-#pragma unroll 8
-    for (int j = 0; j < keys_here; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
-      const T* v_ptr = keys + (chunk + j) * row_stride + hidden;
-#pragma unroll
-      for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) {
-        const int d = lane + 32 * i;
-        if (d < head_size) acc[i] = fmaf(pj, ToFloat(v_ptr[d]), acc[i]);
-      }
-    }
-  }
-  const float inv_sum = 1.f / running_sum;
-#pragma unroll
-  for (int i = 0; i < kMaxStreamingDimsPerLane; ++i) {
-    const int d = lane + 32 * i;
-    if (d < head_size) out[d] = FromFloat<T>(acc[i] * inv_sum);
-  }
-}
-
-template <int D, int kMaxKeys>
+// hidden_in and residual: first-query mode only (null otherwise).
+template <int D, int kMaxKeys, bool kFirstQuery>
 void LaunchFusedFor(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t num_heads, float scale_log2,
-                    __half* context, cudaStream_t stream) {
+                    __half* context, const __half* hidden_in, __half* residual, cudaStream_t stream) {
   constexpr int kSmem = 3 * kMaxKeys * (D + 8) * sizeof(__half);
+  const auto kernel = FusedShortAttentionKernel<D, kMaxKeys, kFirstQuery>;
   if (kSmem > 48 * 1024) {
-    ThrowIfFailed(cudaFuncSetAttribute(FusedShortAttentionKernel<D, kMaxKeys>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+    ThrowIfFailed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   "FusedShortAttentionKernel shared memory");
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads));
-  LaunchAfterPredecessor("FusedShortAttentionKernel", FusedShortAttentionKernel<D, kMaxKeys>, grid,
-                         kMaxKeys / 16 * 32, kSmem, stream, qkv, cu_seqlens, static_cast<int>(num_heads * D),
-                         scale_log2, context);
+  LaunchAfterPredecessor("FusedShortAttentionKernel", kernel, grid, kFirstQuery ? 32 : kMaxKeys / 16 * 32, kSmem,
+                         stream, qkv, cu_seqlens, static_cast<int>(num_heads * D), scale_log2, context, hidden_in,
+                         residual);
 }
 
-template <int D>
+template <int D, bool kFirstQuery>
 void LaunchFused(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
-                 float scale_log2, __half* context, cudaStream_t stream) {
-  if (max_seqlen <= 32) return LaunchFusedFor<D, 32>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, stream);
-  if (max_seqlen <= 64) return LaunchFusedFor<D, 64>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, stream);
-  LaunchFusedFor<D, 128>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, stream);
+                 float scale_log2, __half* context, const __half* hidden_in, __half* residual, cudaStream_t stream) {
+  if (max_seqlen <= 32) {
+    return LaunchFusedFor<D, 32, kFirstQuery>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, hidden_in,
+                                              residual, stream);
+  }
+  if (max_seqlen <= 64) {
+    return LaunchFusedFor<D, 64, kFirstQuery>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, hidden_in,
+                                              residual, stream);
+  }
+  LaunchFusedFor<D, 128, kFirstQuery>(qkv, cu_seqlens, batch, num_heads, scale_log2, context, hidden_in, residual,
+                                      stream);
 }
 
-template <typename T>
+template <typename T, bool kFirstQuery>
 void LaunchStreaming(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
-                     int64_t head_size, float scale_log2, T* context, cudaStream_t stream) {
+                     int64_t head_size, float scale_log2, T* context, const T* hidden_in, T* residual,
+                     cudaStream_t stream) {
   if (head_size > 32 * kMaxStreamingDimsPerLane) {
     throw std::runtime_error("the CUDA attention supports head sizes up to " +
                              std::to_string(32 * kMaxStreamingDimsPerLane) + ", got " + std::to_string(head_size));
   }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads),
-                  static_cast<unsigned>(CeilDiv(max_seqlen, kStreamingWarps)));
-  LaunchAfterPredecessor("StreamingAttentionKernel", StreamingAttentionKernel<T>, grid, kStreamingWarps * 32, 0,
-                         stream, qkv, cu_seqlens, static_cast<int>(num_heads * head_size),
-                         static_cast<int>(head_size), scale_log2, context);
+                  kFirstQuery ? 1u : static_cast<unsigned>(CeilDiv(max_seqlen, kStreamingWarps)));
+  LaunchAfterPredecessor("StreamingAttentionKernel", StreamingAttentionKernel<T, kFirstQuery>, grid,
+                         kFirstQuery ? 32 : kStreamingWarps * 32, 0, stream, qkv, cu_seqlens,
+                         static_cast<int>(num_heads * head_size), static_cast<int>(head_size), scale_log2, context,
+                         hidden_in, residual);
+}
+
+// The fused kernel for fp16 rows <= 128 tokens with head size 32 or 64, else the streaming kernel.
+template <bool kFirstQuery, typename T>
+void Dispatch(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
+              int64_t head_size, T* context, const T* hidden_in, T* residual, cudaStream_t stream) {
+  if (batch == 0 || (!kFirstQuery && max_seqlen == 0)) return;  // first-query mode still zeroes empty rows
+  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(head_size));
+  if constexpr (std::is_same_v<T, __half>) {
+    if (max_seqlen <= kMaxFusedSeqlen && head_size == 64) {
+      return LaunchFused<64, kFirstQuery>(qkv, cu_seqlens, batch, max_seqlen, num_heads, scale_log2, context,
+                                          hidden_in, residual, stream);
+    }
+    if (max_seqlen <= kMaxFusedSeqlen && head_size == 32) {
+      return LaunchFused<32, kFirstQuery>(qkv, cu_seqlens, batch, max_seqlen, num_heads, scale_log2, context,
+                                          hidden_in, residual, stream);
+    }
+  }
+  LaunchStreaming<T, kFirstQuery>(qkv, cu_seqlens, batch, max_seqlen, num_heads, head_size, scale_log2, context,
+                                  hidden_in, residual, stream);
 }
 
 }  // namespace
 
 template <typename T>
+void LaunchAttention(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen, int64_t num_heads,
+                     int64_t head_size, T* context, cudaStream_t stream) {
+  Dispatch<false, T>(qkv, cu_seqlens, batch, max_seqlen, num_heads, head_size, context, nullptr, nullptr, stream);
+}
+
+template <typename T>
 void LaunchFirstTokenAttention(const T* qkv, const T* hidden_in, const int32_t* cu_seqlens, int64_t batch,
-                               int64_t num_heads, int64_t head_size, T* context, T* residual, cudaStream_t stream) {
-  if (head_size > 32 * kMaxStreamingDimsPerLane || head_size % 2 != 0) {
-    throw std::runtime_error("the CUDA attention supports even head sizes up to " +
-                             std::to_string(32 * kMaxStreamingDimsPerLane) + ", got " + std::to_string(head_size));
-  }
-  if (batch == 0) return;
-  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(head_size));
-  const unsigned blocks = static_cast<unsigned>(CeilDiv(batch * num_heads, kFirstTokenWarps));
-  LaunchAfterPredecessor("FirstTokenAttentionKernel", FirstTokenAttentionKernel<T>, blocks, kFirstTokenWarps * 32, 0,
-                         stream, qkv, hidden_in, cu_seqlens, static_cast<int>(batch), static_cast<int>(num_heads),
-                         static_cast<int>(head_size), scale_log2, context, residual);
+                               int64_t max_seqlen, int64_t num_heads, int64_t head_size, T* context, T* residual,
+                               cudaStream_t stream) {
+  Dispatch<true, T>(qkv, cu_seqlens, batch, max_seqlen, num_heads, head_size, context, hidden_in, residual, stream);
 }
 
-template void LaunchFirstTokenAttention<__half>(const __half*, const __half*, const int32_t*, int64_t, int64_t,
-                                                int64_t, __half*, __half*, cudaStream_t);
-template void LaunchFirstTokenAttention<float>(const float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
-                                               float*, float*, cudaStream_t);
+#define BERTSERVE_INSTANTIATE_ATTENTION(T)                                                                         \
+  template void LaunchAttention<T>(const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, T*, cudaStream_t); \
+  template void LaunchFirstTokenAttention<T>(const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, \
+                                             T*, T*, cudaStream_t);
 
-template <>
-void LaunchAttention<__half>(const __half* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen,
-                             int64_t num_heads, int64_t head_size, __half* context, cudaStream_t stream) {
-  if (batch == 0 || max_seqlen == 0) return;
-  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(head_size));
-  if (max_seqlen <= kMaxFusedSeqlen && head_size == 64) {
-    return LaunchFused<64>(qkv, cu_seqlens, batch, max_seqlen, num_heads, scale_log2, context, stream);
-  }
-  if (max_seqlen <= kMaxFusedSeqlen && head_size == 32) {
-    return LaunchFused<32>(qkv, cu_seqlens, batch, max_seqlen, num_heads, scale_log2, context, stream);
-  }
-  LaunchStreaming<__half>(qkv, cu_seqlens, batch, max_seqlen, num_heads, head_size, scale_log2, context, stream);
-}
-
-template <>
-void LaunchAttention<float>(const float* qkv, const int32_t* cu_seqlens, int64_t batch, int64_t max_seqlen,
-                            int64_t num_heads, int64_t head_size, float* context, cudaStream_t stream) {
-  if (batch == 0 || max_seqlen == 0) return;
-  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(head_size));
-  LaunchStreaming<float>(qkv, cu_seqlens, batch, max_seqlen, num_heads, head_size, scale_log2, context, stream);
-}
+BERTSERVE_INSTANTIATE_ATTENTION(__half)
+BERTSERVE_INSTANTIATE_ATTENTION(float)
 
 }  // namespace cuda
 }  // namespace bertserve

@@ -160,8 +160,8 @@ void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const Pa
                      const EncoderBuffers<D>& buf, bool custom_gemms, const D* x, D* first, GemmContext* gemm,
                      void* stream) {
   QkvGemm<D>(w, dims, batch, buf, x, gemm, stream);
-  LaunchFirstTokenAttention<D>(buf.qkv, x, batch.cu_seqlens_device, batch.batch, dims.num_heads, dims.head_size(),
-                               buf.context, first, AsStream(stream));
+  LaunchFirstTokenAttention<D>(buf.qkv, x, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
+                               dims.head_size(), buf.context, first, AsStream(stream));
   AfterAttention<D>(dims, w, batch.batch, buf, custom_gemms, first, gemm, stream, batch.cu_seqlens_device);
 }
 

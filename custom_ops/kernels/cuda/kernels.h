@@ -56,7 +56,8 @@ void LaunchAttention(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int
 // [batch, H] gets that token's row of hidden_in [num_tokens, H]. A row without tokens gets zeros in both.
 template <typename T>
 void LaunchFirstTokenAttention(const T* qkv, const T* hidden_in, const int32_t* cu_seqlens, int64_t batch,
-                               int64_t num_heads, int64_t head_size, T* context, T* residual, cudaStream_t stream);
+                               int64_t max_seqlen, int64_t num_heads, int64_t head_size, T* context, T* residual,
+                               cudaStream_t stream);
 
 template <typename T>
 void LaunchGatherFirstToken(const T* packed, int64_t hidden, const int32_t* cu_seqlens, int64_t batch, T* first,
