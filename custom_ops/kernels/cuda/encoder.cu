@@ -1,8 +1,8 @@
 // The CUDA backend of bert_core.h: per layer one QKV GEMM (bias in the cuBLASLt epilogue), fused attention,
-// output GEMM + (residual + LayerNorm), FFN GEMM + GELU (in fp16 through GemmBiasGelu, which puts GELU in a CUTLASS
-// GEMM's epilogue where that is faster), FFN output GEMM + (residual + LayerNorm); asked for first tokens, the
-// last layer past its QKV GEMM runs on one row per sequence. Tokens stay packed throughout; the launch shapes
-// come from the host-side PackedBatch, so nothing waits on the device.
+// output GEMM + (bias + residual + LayerNorm), FFN GEMM + bias + GELU (in fp16 through GemmBiasGelu, which puts
+// them in a CUTLASS GEMM's epilogue where that is faster), FFN output GEMM + (bias + residual + LayerNorm); asked
+// for first tokens, the last layer past its QKV GEMM runs on one row per sequence. Tokens stay packed throughout;
+// the launch shapes come from the host-side PackedBatch, so nothing waits on the device.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -108,15 +108,15 @@ bool UsesCustomGemms(const GemmContext* gemm, const EncoderDims& dims, bool half
 }
 
 template <typename D>
-void QkvGemm(const LayerWeights<D>& w, const EncoderDims& dims, const PackedBatch& batch, const EncoderBuffers<D>& buf,
+void QkvGemm(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
              const D* x, GemmContext* gemm, void* stream) {
   Gemm<D, D>(gemm, x, w.qkv_kernel, w.qkv_bias, buf.qkv, batch.num_tokens, 3 * dims.hidden, dims.hidden,
              Epilogue::kBias, buf.gemm_workspace, stream);
 }
 
 // The layer after its attention, on `rows` rows of buf.context (attention output) and x (the layer's input,
-// overwritten with its output): attention-output GEMM + residual + LayerNorm, FFN GEMM + GELU, FFN-output GEMM +
-// residual + LayerNorm. zero_rows_without_tokens: see LaunchResidualLayerNorm.
+// overwritten with its output): attention-output GEMM + bias + residual + LayerNorm, FFN GEMM + bias + GELU,
+// FFN-output GEMM + bias + residual + LayerNorm. zero_rows_without_tokens: see LaunchResidualLayerNorm.
 template <typename D>
 void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t rows, const EncoderBuffers<D>& buf,
                     bool custom_gemms, D* x, GemmContext* context, void* stream,
@@ -147,7 +147,7 @@ void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t r
 template <typename D>
 void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
            bool custom_gemms, D* x, GemmContext* gemm, void* stream) {
-  QkvGemm<D>(w, dims, batch, buf, x, gemm, stream);
+  QkvGemm<D>(dims, w, batch, buf, x, gemm, stream);
   LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
                      dims.head_size(), buf.context, AsStream(stream));
   AfterAttention<D>(dims, w, batch.num_tokens, buf, custom_gemms, x, gemm, stream);
@@ -159,7 +159,7 @@ template <typename D>
 void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch,
                      const EncoderBuffers<D>& buf, bool custom_gemms, const D* x, D* first, GemmContext* gemm,
                      void* stream) {
-  QkvGemm<D>(w, dims, batch, buf, x, gemm, stream);
+  QkvGemm<D>(dims, w, batch, buf, x, gemm, stream);
   LaunchFirstTokenAttention<D>(buf.qkv, x, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
                                dims.head_size(), buf.context, first, AsStream(stream));
   AfterAttention<D>(dims, w, batch.batch, buf, custom_gemms, first, gemm, stream, batch.cu_seqlens_device);

@@ -145,10 +145,9 @@ const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_s
 // autotune, custom_gemms: GemmOptions (gemm.h). first_token_last_layer: 1 runs the encoder's last layer for each
 // row's first token only (what the pooler reads), 0 for every token.
 void* bertserve_cuda_ranker_create(int half, int autotune, int custom_gemms, int first_token_last_layer,
-                                   int64_t vocab_size, int64_t hidden,
-                                   int64_t num_heads, int64_t intermediate, int64_t num_layers, int64_t max_positions,
-                                   int64_t type_vocab_size, int64_t num_labels, float layer_norm_epsilon,
-                                   const void* const* weights) {
+                                   int64_t vocab_size, int64_t hidden, int64_t num_heads, int64_t intermediate,
+                                   int64_t num_layers, int64_t max_positions, int64_t type_vocab_size,
+                                   int64_t num_labels, float layer_norm_epsilon, const void* const* weights) {
   Ranker* ranker = nullptr;
   const int status = bertserve::cuda::Guarded([&] {
     if (num_labels != 1 && num_labels != 2) throw std::runtime_error("num_labels must be 1 or 2");
