@@ -152,14 +152,15 @@ def test_queue_overflow_deadline_and_sigterm_drain(models_dir, tmp_path, start_s
     busy.result()
     server.predict.Predict(request, timeout=60)  # queued after the abandoned one: the queue is empty again
 
+    # A kept-alive REST connection left idle must not hold the shutdown until its idle timeout. It is opened
+    # before the work below, so that the time between that work and SIGTERM stays well under its ~0.5 s.
+    idle = http.client.HTTPConnection(*server.rest_address, timeout=30)
+    idle.request("GET", "/v1/models/slow")
+    assert idle.getresponse().read()
     in_flight = [server.predict.Predict.future(request, timeout=60) for _ in range(2)]  # fits the queue
     finished_at = []
     for future in in_flight:
         future.add_done_callback(lambda _: finished_at.append(time.monotonic()))
-    # A kept-alive REST connection left idle must not hold the shutdown until its idle timeout.
-    idle = http.client.HTTPConnection(*server.rest_address, timeout=30)
-    idle.request("GET", "/v1/models/slow")
-    assert idle.getresponse().read()
     time.sleep(0.1)
     terminated_at = time.monotonic()
     assert server.terminate(timeout=KEEP_ALIVE_IDLE_SECONDS / 2) == 0
