@@ -64,41 +64,15 @@ def make_inputs(batch: int, lengths: tuple[int, int], vocab: int, seed: int) -> 
     return ids, mask, segments
 
 
-def tf_engine(weights, variant: str) -> Engine:
+def tf_engine(weights, variant: str, first_token_only: bool = True) -> Engine:
     import tensorflow as tf
 
     from bertserve.export.graph import build_ranker_module
 
-    module = build_ranker_module(weights, variant=variant, precision="fp32")
+    module = build_ranker_module(weights, variant=variant, precision="fp32", first_token_only=first_token_only)
     serve = module.serving_default
     return lambda ids, mask, segments: serve(tf.constant(ids), tf.constant(mask), tf.constant(segments))[
         "scores"].numpy()
-
-
-def fused_all_tokens_engine(weights) -> Engine:
-    """The fused graph with BertEncoder's first_token_only off: every layer on every token, then
-    BertGatherFirstToken, on the exported fused module's weights (as the fused graphs ran before the attr)."""
-    import tensorflow as tf
-
-    from bertserve import custom_ops as ops
-    from bertserve.export import stock
-    from bertserve.export.graph import build_ranker_module
-    from bertserve.export.signature import INPUT_SIGNATURE
-
-    c = weights.config
-    w = build_ranker_module(weights, variant="fused", precision="fp32").weights
-
-    @tf.function(input_signature=INPUT_SIGNATURE)
-    def serve(input_ids, input_mask, segment_ids):
-        hidden, cu_seqlens = ops.bert_embedding(
-            input_ids, segment_ids, input_mask, w["word_embeddings"], w["position_embeddings"],
-            w["token_type_embeddings"], w["embeddings_ln_gamma"], w["embeddings_ln_beta"],
-            layer_norm_epsilon=c.layer_norm_eps)
-        hidden = ops.bert_encoder(hidden, cu_seqlens, **{name: w[name] for name in ops.ENCODER_WEIGHT_NAMES},
-                                  num_heads=c.num_attention_heads, layer_norm_epsilon=c.layer_norm_eps)
-        return stock.logits_to_scores(stock.head_logits(w, ops.bert_gather_first_token(hidden, cu_seqlens)))
-
-    return lambda ids, mask, segments: serve(tf.constant(ids), tf.constant(mask), tf.constant(segments)).numpy()
 
 
 def hf_onnx(weights, path: str) -> str:
@@ -251,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = BertWeights.random(CHITCHAT_CONFIG, seed=0)
     threads = os.cpu_count() or 1
     tf_engines: dict[str, Engine] = {"fused": tf_engine(weights, "fused"),
-                                     "fused_all_tokens": fused_all_tokens_engine(weights),
+                                     "fused_all_tokens": tf_engine(weights, "fused", first_token_only=False),
                                      "stock_tf": tf_engine(weights, "stock")}
     with tempfile.TemporaryDirectory() as workdir:
         onnx_files = {"ort_tf2onnx": export_onnx(weights, os.path.join(workdir, "stock.onnx")),

@@ -51,7 +51,7 @@ def fused_arrays(weights: BertWeights) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _fused_serve(weights: BertWeights) -> Callable:
+def _fused_serve(weights: BertWeights, first_token_only: bool) -> Callable:
     from bertserve import custom_ops as ops
 
     ops.load_op_library()  # fail here, naming the missing library, rather than inside tracing at save time
@@ -63,10 +63,11 @@ def _fused_serve(weights: BertWeights) -> Callable:
             input_ids, segment_ids, input_mask, w["word_embeddings"], w["position_embeddings"],
             w["token_type_embeddings"], w["embeddings_ln_gamma"], w["embeddings_ln_beta"],
             layer_norm_epsilon=config.layer_norm_eps)
-        first = ops.bert_encoder(hidden, cu_seqlens, **{name: w[name] for name in encoder_inputs},
-                                 num_heads=config.num_attention_heads, layer_norm_epsilon=config.layer_norm_eps,
-                                 first_token_only=True)
-        first = tf.cast(first, tf.float32)
+        encoded = ops.bert_encoder(hidden, cu_seqlens, **{name: w[name] for name in encoder_inputs},
+                                   num_heads=config.num_attention_heads, layer_norm_epsilon=config.layer_norm_eps,
+                                   first_token_only=first_token_only)
+        first = tf.cast(encoded if first_token_only else ops.bert_gather_first_token(encoded, cu_seqlens),
+                        tf.float32)
         head = {name: tf.cast(w[name], tf.float32)
                 for name in ("pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias")}
         return stock.logits_to_scores(stock.head_logits(head, first))
@@ -78,15 +79,18 @@ def _stock_serve(weights: BertWeights) -> Callable:
     return lambda w, *inputs: stock.ranker_scores(w, weights.config, *inputs)
 
 
-def build_ranker_module(weights: BertWeights, variant: str = "fused", precision: str = "fp32") -> RankerModule:
-    """The ranker as a tf.Module ready for tf.saved_model.save (see module docstring for the variants)."""
+def build_ranker_module(weights: BertWeights, variant: str = "fused", precision: str = "fp32",
+                        first_token_only: bool = True) -> RankerModule:
+    """The ranker as a tf.Module ready for tf.saved_model.save (see module docstring for the variants).
+    first_token_only=False (fused only) runs every layer on every token, then BertGatherFirstToken: the graph
+    as exported before the attr, which benchmarks time beside it."""
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r} is not one of {VARIANTS}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {PRECISIONS}")
     if variant == "fused":
         arrays = {name: value.astype(_DTYPES[precision]) for name, value in fused_arrays(weights).items()}
-        return RankerModule(arrays, _fused_serve(weights), variant, precision)
+        return RankerModule(arrays, _fused_serve(weights, first_token_only), variant, precision)
     if precision == "fp32":
         return RankerModule(dict(weights.items()), _stock_serve(weights), variant, precision)
     converted = fp16.convert_stock_ranker(weights)

@@ -120,11 +120,12 @@ class BertEncoderGpuOp : public OpKernel {
     EncoderOutputs outs;
     OP_REQUIRES_OK(ctx, AllocateEncoderOutputs(ctx, first_token_only_, batch.batch, &outs));
     const cudaStream_t stream = static_cast<cudaStream_t>(StreamOf(ctx));
-    if (batch.num_tokens == 0) {  // first tokens of rows without tokens are zeros
-      if (first_token_only_ && outs.output->NumElements() > 0) {
-        OP_REQUIRES_OK(ctx, CheckCuda(cudaMemsetAsync(outs.output->data(), 0, outs.output->TotalBytes(), stream),
-                                      "zeroing of first tokens"));
-      }
+    CoreType<T>* first_tokens = first_token_only_ ? CoreData<T>(outs.output) : nullptr;
+    if (batch.num_tokens == 0) {  // nothing to copy or plan: the core only zeroes any first tokens
+      OP_REQUIRES_OK(ctx, CallCore([&] {
+                       cuda::Encoder(dims, weights, batch, CoreData<T>(outs.tokens), nullptr, nullptr, stream,
+                                     first_tokens);
+                     }));
       return;
     }
     if (outs.tokens->data() != hidden.data()) {
@@ -140,7 +141,6 @@ class BertEncoderGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &workspace));
     cuda::GemmContext* gemm = nullptr;
     OP_REQUIRES_OK(ctx, Gemm(&gemm));
-    CoreType<T>* first_tokens = first_token_only_ ? CoreData<T>(outs.output) : nullptr;
     OP_REQUIRES_OK(ctx, CallCore([&] {
                      cuda::Encoder(dims, weights, batch, CoreData<T>(outs.tokens), workspace.data(), gemm, stream,
                                    first_tokens);

@@ -95,11 +95,9 @@ void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_i
   auto weight = [&r](int i) { return static_cast<const D*>(r.weights[i]); };
 
   Embedding<T>(EmbeddingWeightsOf<T>(r), input_ids, segment_ids, seq, batch, hidden, stream);
-  if (r.first_token_last_layer) {
-    Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream,
-               reinterpret_cast<T*>(first));
-  } else {
-    Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream);
+  Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream,
+             r.first_token_last_layer ? reinterpret_cast<T*>(first) : nullptr);
+  if (!r.first_token_last_layer) {
     LaunchGatherFirstToken<D>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, first, AsStream(stream));
   }
   // The pooler GEMM reuses the encoder scratch's leading cuBLASLt workspace.
