@@ -131,15 +131,19 @@ void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim
 }
 
 // GELU in BERT's erf form, x * Phi(x), with Phi from Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7, below
-// fp16 resolution): one reciprocal, one exp and five FMAs, no branches, where erff costs several times that
-// and the FFN activation is large enough for the arithmetic to show next to its memory traffic.
+// fp16 resolution), written as GELU(x) = max(x, 0) - |x| * erfc(|x| / sqrt 2) / 2 with 1/sqrt 2, the 1/2 and
+// log2(e) folded into the constants: one reciprocal, one exp2 and eleven other instructions, no branches. In the
+// FFN GEMM's epilogue this arithmetic is what the kernel waits on (with GELU replaced by the identity the same
+// GEMM took 28 % less time at 43k tokens), so every instruction saved shows at large batch.
 __device__ __forceinline__ float GeluErf(float x) {
-  const float z = fabsf(x) * 0.70710678118654752f;
-  const float t = __fdividef(1.f, fmaf(0.3275911f, z, 1.f));
-  const float poly =
-      t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, 1.061405429f, -1.453152027f), 1.421413741f), -0.284496736f), 0.254829592f);
-  const float half_erfc = 0.5f * poly * __expf(-z * z);  // 0.5 * erfc(|x| / sqrt(2))
-  return x * (x >= 0.f ? 1.f - half_erfc : half_erfc);
+  const float a = fabsf(x);
+  const float t = __fdividef(1.f, fmaf(0.3275911f * 0.70710678118654752f, a, 1.f));
+  const float q = fmaf(fmaf(fmaf(fmaf(0.5f * 1.061405429f, t, 0.5f * -1.453152027f), t, 0.5f * 1.421413741f), t,
+                           0.5f * -0.284496736f),
+                      t, 0.5f * 0.254829592f);
+  float gauss;  // exp(-x^2 / 2) = 2^(x^2 * -log2(e) / 2)
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(gauss) : "f"(a * (a * -0.72134752044448170f)));
+  return fmaf(-(a * t) * q, gauss, fmaxf(x, 0.f));
 }
 
 }  // namespace cuda
