@@ -32,6 +32,8 @@ def load_library(path: str) -> ctypes.CDLL:
     lib.bertserve_cuda_ranker_describe_plans.argtypes = [_vp]
     lib.bertserve_cuda_ranker_workspace_bytes.restype = _c_int64
     lib.bertserve_cuda_ranker_workspace_bytes.argtypes = [_vp, _c_int64, _c_int64]
+    lib.bertserve_cuda_token_bucket.restype = _c_int64
+    lib.bertserve_cuda_token_bucket.argtypes = [_c_int64]
     lib.bertserve_cuda_ranker_forward.argtypes = [_vp, _i32p, _i32p, _c_int64, _c_int64, _i32p, _i32p, _c_int64,
                                                   _c_int64, _vp, _vp, _vp, _vp]
     lib.bertserve_cuda_remove_padding.argtypes = [ctypes.c_int, _vp, _c_int64, _c_int64, _c_int64, _i32p, _c_int64,
@@ -51,15 +53,6 @@ def fuse_qkv(arrays: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out["qkv_kernel"] = torch.cat([arrays["query_kernel"], arrays["key_kernel"], arrays["value_kernel"]], dim=-1)
     out["qkv_bias"] = torch.cat([arrays["query_bias"], arrays["key_bias"], arrays["value_bias"]], dim=-1)
     return out
-
-
-def token_bucket(num_tokens: int) -> int:
-    """Graph bucket for a token count: multiples of 16 up to 256, then 16 steps per power of two (<= 6.25% of
-    the tokens computed are scratch)."""
-    if num_tokens <= 256:
-        return max(16, -(-num_tokens // 16) * 16)
-    step = 1 << (num_tokens.bit_length() - 5)
-    return -(-num_tokens // step) * step
 
 
 def cu_seqlens_of(lengths: np.ndarray) -> np.ndarray:
@@ -88,7 +81,7 @@ class CudaRanker:
             config["type_vocab_size"], config["num_labels"], float(config["layer_norm_eps"]), pointers)
         if not self.handle:
             raise RuntimeError(lib.bertserve_cuda_last_error().decode())
-        max_tokens = token_bucket(max_batch * seq)
+        max_tokens = self.token_bucket(max_batch * seq)
         nbytes = lib.bertserve_cuda_ranker_workspace_bytes(self.handle, max_tokens, max_batch)
         self.workspace = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")  # allocated once, zeroed once
         # Static input buffers that graphs read; a batch is copied into their leading rows.
@@ -98,6 +91,10 @@ class CudaRanker:
         self.cu_host = torch.zeros(max_batch + 1, dtype=torch.int32).pin_memory()
         self.scores = torch.zeros(max_batch, dtype=torch.float32, device="cuda")
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+
+    def token_bucket(self, num_tokens: int) -> int:
+        """The core's TokenBucket: the token count graphs are captured for and the TF GPU kernel runs at."""
+        return int(self.lib.bertserve_cuda_token_bucket(num_tokens))
 
     def gelu_plans(self) -> list[str]:
         """How each planned FFN GEMM + GELU shape runs (CUTLASS tile configuration or cuBLASLt + GELU pass)."""
@@ -125,11 +122,12 @@ class CudaRanker:
             None if hidden_out is None else hidden_out.data_ptr(), self.scores.data_ptr(), stream))
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor, lengths: np.ndarray,
-                hidden_out: torch.Tensor | None = None) -> torch.Tensor:
-        """Eager launches (no graph) over exactly the real tokens; returns scores [batch] (a view)."""
+                hidden_out: torch.Tensor | None = None, bucketed: bool = False) -> torch.Tensor:
+        """Eager launches (no graph) over exactly the real tokens, or (bucketed) over token_bucket of them, as the
+        TF GPU kernel runs; returns scores [batch] (a view)."""
         b = ids.shape[0]
         n = self._stage(ids, segments, lengths)
-        self._launch(b, n, hidden_out)
+        self._launch(b, self.token_bucket(n) if bucketed else n, hidden_out)
         return self.scores[:b]
 
     def graph_for(self, batch: int, bucket: int) -> torch.cuda.CUDAGraph:
@@ -147,5 +145,5 @@ class CudaRanker:
         """Replays the (batch, token bucket) graph after staging the inputs; returns scores [batch] (a view)."""
         b = ids.shape[0]
         n = self._stage(ids, segments, lengths)
-        self.graph_for(b, token_bucket(n)).replay()
+        self.graph_for(b, self.token_bucket(n)).replay()
         return self.scores[:b]

@@ -286,7 +286,7 @@ def graph_replay_ms(ranker: core.CudaRanker, ids: torch.Tensor, seg: torch.Tenso
     """Median replay time of a graph captured for this batch, then dropped: a graph captured for an earlier row
     and replayed for this one measured up to 15 % slower (U[8,32] batch 1 after all-32 batch 1)."""
     n = ranker._stage(ids, seg, lengths)
-    ms = median_ms(ranker.graph_for(ids.shape[0], core.token_bucket(n)).replay)
+    ms = median_ms(ranker.graph_for(ids.shape[0], ranker.token_bucket(n)).replay)
     ranker.graphs.clear()
     return ms
 
@@ -312,7 +312,7 @@ def stage_time(res: Results, quick: bool) -> None:
             seg = torch.zeros_like(ids)
             mask = (torch.arange(SEQ, device="cuda")[None] < torch.as_tensor(lengths, device="cuda")[:, None]).long()
             row = {"dist": dist, "batch": bs, "tokens": int(lengths.sum()),
-                   "bucket": core.token_bucket(int(lengths.sum()))}
+                   "bucket": ranker.token_bucket(int(lengths.sum()))}
             row["core_graph_ms"] = graph_replay_ms(ranker, ids, seg, lengths)
             row["core_eager_ms"] = median_ms(lambda: ranker._launch(bs, row["tokens"]))  # inputs still staged
             row["core_cublaslt_graph_ms"] = graph_replay_ms(cublaslt, ids, seg, lengths)  # side by side
@@ -355,7 +355,7 @@ def stage_sustain(res: Results) -> None:
     ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, bs, SEQ)
     lengths = lengths_for("U8_32", bs, np.random.default_rng(10))
     ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
-    graph = ranker.graph_for(bs, core.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths)))
+    graph = ranker.graph_for(bs, ranker.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths)))
     query = "--query-gpu=clocks.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
     smi = subprocess.Popen(["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "100"],
                            stdout=subprocess.PIPE, text=True)
@@ -425,7 +425,7 @@ def stage_profile(res: Results) -> None:
     for bs in (1, 32, 2048):
         lengths = lengths_for("U8_32", bs, rng)
         ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
-        n = core.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths))
+        n = ranker.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths))
         graph = ranker.graph_for(bs, n)  # plans (and autotunes) every GEMM of this bucket before profiling
         for _ in range(3):
             graph.replay()
@@ -453,7 +453,8 @@ def stage_replay(res: Results, quick: bool) -> None:
     w32 = to_torch(weights_mod.BertWeights.random(weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
     wide = serving_replay.BatchingParameters(1024, 2000, (128, 256, 512, 1024))
     # (batching, offered QPS levels, graphs). Without graphs, as the TF GPU kernel runs: eager launches over the
-    # exact token count, GEMMs planned without autotuning the first time a token count is seen.
+    # token bucket, GEMMs planned without autotuning the first time a bucket is seen (no warmup: the first level
+    # pays for planning the buckets it meets).
     policies = [
         (serving_replay.BatchingParameters(256, 1000, (32, 64, 128, 256)), (1000, 2000, 4000, 6000, 7000, 8000), True),
         (wide, (6000, 8000, 9000, 10000), True),
@@ -464,7 +465,7 @@ def stage_replay(res: Results, quick: bool) -> None:
         ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, params.max_batch_size, SEQ, autotune=graphs)
         t0 = time.time()
         for size in params.allowed_batch_sizes if graphs else ():  # every (size, bucket) graph before traffic
-            buckets = sorted({core.token_bucket(t) for t in range(1, size * SEQ + 1, 8)})
+            buckets = sorted({ranker.token_bucket(t) for t in range(1, size * SEQ + 1, 8)})
             for bucket in buckets:
                 ranker.graph_for(size, bucket)
         capture_s = round(time.time() - t0, 1)

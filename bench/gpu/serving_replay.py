@@ -5,7 +5,8 @@ client sends them. The batcher follows BasicBatchScheduler with one batch thread
 K rows) joins the open batch unless that would exceed max_batch_size; a batch closes when full or when
 batch_timeout_micros have passed since its first task arrived; a closed batch is padded up to the next
 allowed_batch_sizes entry (padding rows have no real token) and run as one forward: a CUDA-graph replay, or eager
-launches over the exact token count, which is what the TF GPU kernel does (TensorFlow captures no graphs for it).
+launches over the token count rounded up to the core's TokenBucket, which is what the TF GPU kernel does
+(TensorFlow captures no graphs for it).
 Latency is completion minus arrival, so it includes queueing, batching delay and the GPU time, as a client would
 see it.
 """
@@ -13,6 +14,7 @@ see it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -43,9 +45,9 @@ def _padded_size(rows: int, allowed: tuple[int, ...]) -> int:
 
 
 def replay(ranker: CudaRanker, params: BatchingParameters, traffic: Traffic, seed: int, graphs: bool = True) -> dict:
-    """Runs the traffic in real time on the GPU, each batch as a graph replay or (graphs off) eager launches;
-    returns latency percentiles (ms) and achieved rates."""
-    forward = ranker.forward_graph if graphs else ranker.forward
+    """Runs the traffic in real time on the GPU, each batch as a graph replay or (graphs off) eager launches over
+    the token bucket; returns latency percentiles (ms) and achieved rates."""
+    forward = ranker.forward_graph if graphs else functools.partial(ranker.forward, bucketed=True)
     rng = np.random.default_rng(seed)
     n = max(1, int(traffic.qps * traffic.seconds))
     arrivals = np.cumsum(rng.exponential(1.0 / traffic.qps, n))

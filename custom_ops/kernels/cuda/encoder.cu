@@ -167,6 +167,13 @@ void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const Pa
 
 }  // namespace
 
+int64_t TokenBucket(int64_t num_tokens) {
+  if (num_tokens <= 256) return std::max<int64_t>(16, (num_tokens + 15) / 16 * 16);
+  int64_t step = 1;
+  while ((step << 5) <= num_tokens) step <<= 1;  // 2^(bit_length - 5)
+  return (num_tokens + step - 1) / step * step;
+}
+
 template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
              void* workspace, GemmContext* gemm, void* stream, T* first_tokens) {

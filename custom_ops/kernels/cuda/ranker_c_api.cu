@@ -201,6 +201,8 @@ int64_t bertserve_cuda_ranker_workspace_bytes(void* ranker, int64_t max_tokens, 
          bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * sizeof(float)) + encoder;
 }
 
+int64_t bertserve_cuda_token_bucket(int64_t num_tokens) { return bertserve::cuda::TokenBucket(num_tokens); }
+
 // input_ids/segment_ids: device [batch, seq]; cu_seqlens on host and device; num_tokens >= cu_seqlens[batch]
 // (a larger value runs a CUDA-graph bucket); hidden_out: device [num_tokens, H] or null (the encoder's output, or
 // its last layer's input with first_token_last_layer); scores: device [batch].
