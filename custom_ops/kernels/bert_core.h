@@ -151,7 +151,8 @@ namespace cuda {
 // EncoderWorkspaceBytes; `gemm` carries the cuBLASLt handle and tuned algorithms (kernels/cuda/gemm.h).
 // T is float or fp16 (Tensor Cores, fp32 accumulation). batch.cu_seqlens_device is read by the kernels;
 // batch.num_tokens may exceed cu_seqlens[batch] (TokenBucket below: a CUDA graph captured for a bucket, the TF
-// kernel's planned shapes): rows past the real tokens are scratch, computed but never read into a real row. Failures throw std::runtime_error.
+// kernel's planned shapes): rows past the real tokens are scratch, computed but never read into a real row.
+// Failures throw std::runtime_error.
 struct GemmContext;
 
 template <typename T>
