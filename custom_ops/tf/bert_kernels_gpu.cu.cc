@@ -139,9 +139,11 @@ class BertEncoderGpuOp : public OpKernel {
                                                     cudaMemcpyDeviceToDevice, stream),
                                     "copy of hidden"));
     }
-    OP_REQUIRES_OK(ctx, CheckCuda(cudaMemsetAsync(static_cast<char*>(outs.tokens->data()) + tokens * row_bytes, 0,
-                                                  (rows - tokens) * row_bytes, stream),
-                                  "zeroing of the bucket's scratch rows"));
+    if (rows > tokens) {
+      OP_REQUIRES_OK(ctx, CheckCuda(cudaMemsetAsync(static_cast<char*>(outs.tokens->data()) + tokens * row_bytes, 0,
+                                                    (rows - tokens) * row_bytes, stream),
+                                    "zeroing of the bucket's scratch rows"));
+    }
     Tensor cu_device, workspace;
     OP_REQUIRES_OK(ctx, ToDevice(ctx, batch.cu_seqlens_host, batch.batch + 1, &cu_device));
     batch.cu_seqlens_device = cu_device.flat<int32_t>().data();
