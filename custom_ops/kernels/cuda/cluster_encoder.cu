@@ -41,7 +41,10 @@ constexpr int kBox = 64;  // TMA box: 64 rows of k x 64 columns of n, 128 bytes 
 constexpr int kBoxHalves = kBox * kBox;
 constexpr int kBoxesPerChunk = 3;
 constexpr int kChunkHalves = kBoxesPerChunk * kBoxHalves;  // 24 KB
-constexpr int kStages = 4;
+#ifndef BERTSERVE_CLUSTER_STAGES
+#define BERTSERVE_CLUSTER_STAGES 4
+#endif
+constexpr int kStages = BERTSERVE_CLUSTER_STAGES;
 constexpr int kQkvChunks = kHidden / kBox;              // 12 per layer, blocks of a head
 constexpr int kAttentionOutputChunks = kHidden / (kBox * kBoxesPerChunk);  // 4, blocks of a head
 constexpr int kFfnChunks = kHidden / kBox;              // 12
@@ -57,7 +60,8 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kStageBytes = kChunkHalves * 2;
 constexpr int kActBytes = kRows * kHidden * 2;
 constexpr int kScratchBytes = kRows * kFfnCols * 2;
-constexpr int kSharedBytes = 1024 + kStages * kStageBytes + 2 * kActBytes + kScratchBytes + 256;
+constexpr int kResidualBytes = kRows * (kHeadSize + kReduceCols) * 2;
+constexpr int kSharedBytes = 1024 + kStages * kStageBytes + kActBytes + kScratchBytes + kResidualBytes + 256;
 
 struct Params {
   CUtensorMap qkv_map, attention_output_map, intermediate_map, output_map;  // stacked [L * k, n]
@@ -92,17 +96,18 @@ __device__ __forceinline__ uint32_t BlockRank() {
 }
 
 // The chunk sequence of block r over the whole forward: per layer its head's QKV (12) and attention-output (4)
-// chunks when r < 12, then FFN (12) and FFN-output (12). Chunk i: three boxes of one weight map; false past the end.
+// chunks when r < 12, then FFN (12) and FFN-output (12); a chunk is three boxes of one weight map.
 struct Chunk {
   const CUtensorMap* map;
   int x[kBoxesPerChunk], y[kBoxesPerChunk];
 };
 
-__device__ bool ChunkBoxes(const Params& p, int r, int i, Chunk& chunk) {
-  const int per_layer = (r < kHeads ? kQkvChunks + kAttentionOutputChunks : 0) + kFfnChunks + kFfnOutputChunks;
-  if (i >= p.layers * per_layer) return false;
-  const int l = i / per_layer;
-  int c = i % per_layer;
+__device__ __forceinline__ int ChunksPerLayer(int r) {
+  return (r < kHeads ? kQkvChunks + kAttentionOutputChunks : 0) + kFfnChunks + kFfnOutputChunks;
+}
+
+// Chunk c of layer l for block r.
+__device__ __forceinline__ void ChunkBoxes(const Params& p, int r, int l, int c, Chunk& chunk) {
   int* x = chunk.x;
   int* y = chunk.y;
   if (r < kHeads && c < kQkvChunks) {  // Q, K, V columns of head r over k rows 64c..
@@ -126,56 +131,45 @@ __device__ bool ChunkBoxes(const Params& p, int r, int i, Chunk& chunk) {
       }
     }
   }
-  return true;
 }
 
-// Chunk i into L2 (kPrefetchAhead chunks before it is copied into shared memory, so that copy meets L2 latency
-// instead of DRAM's: with four chunks in flight a block streamed ~40 GB/s from DRAM).
-#ifndef BERTSERVE_CLUSTER_PREFETCH_AHEAD
-#define BERTSERVE_CLUSTER_PREFETCH_AHEAD 16
-#endif
-constexpr int kPrefetchAhead = BERTSERVE_CLUSTER_PREFETCH_AHEAD;
-
-__device__ void PrefetchChunk(const Params& p, int r, int i) {
-  Chunk chunk;
-  if (!ChunkBoxes(p, r, i, chunk)) return;
-  for (int j = 0; j < kBoxesPerChunk; ++j) PrefetchTensor2d(chunk.map, chunk.x[j], chunk.y[j]);
-}
-
-// Thread 0 copies chunk i into stage i % kStages and prefetches chunk i + kPrefetchAhead.
-__device__ void IssueChunk(const Params& p, int r, int i, __half* stages, uint64_t* full) {
-  Chunk chunk;
-  if (!ChunkBoxes(p, r, i, chunk)) return;
-  const int s = i % kStages;
-  ExpectBulkBytes(&full[s], kStageBytes);
-  for (int j = 0; j < kBoxesPerChunk; ++j) {
-    BulkTensorCopy2d(stages + s * kChunkHalves + j * kBoxHalves, chunk.map, chunk.x[j], chunk.y[j], &full[s]);
-  }
-  PrefetchChunk(p, r, i + kPrefetchAhead);
-}
-
-// The weight stream seen from the consumers: wait for chunk i, use it, then the last warp done with the stage
-// refills it with chunk i + kStages (no block-wide barrier per chunk: warps drift apart by up to kStages chunks).
+// The weight stream of a block. Thread 0 issues the chunks in order (its cursor: layer, chunk of the layer, stage)
+// into the stages; the consumers wait for chunk `next`, use it, and after every warp is done with the stage
+// thread 0 refills it. (Per-stage arrival counters instead of the block barrier, the last warp refilling, measured
+// slower; so did prefetching chunks into L2 ahead of the copies and six stages instead of four: the stream is not
+// what a chunk waits on, the issuing thread's work between chunks is.)
 struct WeightStream {
   const Params* p;
   __half* stages;
   uint64_t* full;
-  int* done;  // [kStages]: warps finished with the stage's current chunk
   int rank, next;
+  int issue_layer, issue_chunk, issue_stage;  // thread 0 only
 
+  __device__ void Issue() {
+#ifdef BERTSERVE_CLUSTER_NO_STREAM
+    return;
+#endif
+    if (issue_layer >= p->layers) return;
+    Chunk chunk;
+    ChunkBoxes(*p, rank, issue_layer, issue_chunk, chunk);
+    ExpectBulkBytes(&full[issue_stage], kStageBytes);
+    for (int j = 0; j < kBoxesPerChunk; ++j) {
+      BulkTensorCopy2d(stages + issue_stage * kChunkHalves + j * kBoxHalves, chunk.map, chunk.x[j], chunk.y[j],
+                       &full[issue_stage]);
+    }
+    if (++issue_stage == kStages) issue_stage = 0;
+    if (++issue_chunk == ChunksPerLayer(rank)) issue_chunk = 0, ++issue_layer;
+  }
   __device__ const __half* Wait() const {
+#ifdef BERTSERVE_CLUSTER_NO_STREAM
+    return stages + (next % kStages) * kChunkHalves;
+#endif
     WaitBulkBarrier(&full[next % kStages], (next / kStages) & 1);
     return stages + (next % kStages) * kChunkHalves;
   }
   __device__ void Release() {
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) {
-      const int s = next % kStages;
-      if (atomicAdd(&done[s], 1) == kWarps - 1) {
-        atomicExch(&done[s], 0);
-        IssueChunk(*p, rank, next + kStages, stages, full);
-      }
-    }
+    __syncthreads();
+    if (threadIdx.x == 0) Issue();
     ++next;
   }
 };
@@ -193,37 +187,56 @@ __device__ __forceinline__ void LoadB(uint32_t (&b)[2], const __half* box, int k
 }
 
 // A wide chunk: three boxes side by side (192 columns) over the same 64 k; warp w owns columns 24w..24w+23.
+// Every fragment of the chunk is loaded before the first mma.sync: the loads are volatile asm, kept in program
+// order, so interleaving them with the mma.sync exposed each load's latency (a chunk took ~3x its mma time).
 __device__ void MultiplyWide(float (&acc)[2][3][4], const __half* a, int width, int k0, const __half* chunk) {
+#ifdef BERTSERVE_CLUSTER_NO_MMA
+  return;
+#endif
   const int warp = threadIdx.x >> 5;
+  constexpr int kSteps = kBox / 16;
+  uint32_t af[kSteps][2][4], bf[kSteps][3][2];
 #pragma unroll
-  for (int ks = 0; ks < kBox / 16; ++ks) {
-    uint32_t a0[4], a1[4];
-    LoadA(a0, a, width, 0, k0 + 16 * ks);
-    LoadA(a1, a, width, 1, k0 + 16 * ks);
+  for (int ks = 0; ks < kSteps; ++ks) {
+    LoadA(af[ks][0], a, width, 0, k0 + 16 * ks);
+    LoadA(af[ks][1], a, width, 1, k0 + 16 * ks);
 #pragma unroll
     for (int q = 0; q < 3; ++q) {
       const int t = 3 * warp + q;
-      uint32_t b[2];
-      LoadB(b, chunk + (t >> 3) * kBoxHalves, 16 * ks, t & 7);
-      Mma16816(acc[0][q], a0, b);
-      Mma16816(acc[1][q], a1, b);
+      LoadB(bf[ks][q], chunk + (t >> 3) * kBoxHalves, 16 * ks, t & 7);
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      Mma16816(acc[0][q], af[ks][0], bf[ks][q]);
+      Mma16816(acc[1][q], af[ks][1], bf[ks][q]);
     }
   }
 }
 
-// A deep chunk: three boxes stacked along k (192 k) over 64 columns; warp w owns columns 8w..8w+7.
+// A deep chunk: three boxes stacked along k (192 k) over 64 columns; warp w owns columns 8w..8w+7. Loads first,
+// as above, one box at a time.
 __device__ void MultiplyDeep(float (&acc)[2][4], const __half* a, int width, int k0, const __half* chunk) {
+#ifdef BERTSERVE_CLUSTER_NO_MMA
+  return;
+#endif
   const int warp = threadIdx.x >> 5;
+  constexpr int kSteps = kBox / 16;
 #pragma unroll
   for (int j = 0; j < kBoxesPerChunk; ++j) {
+    uint32_t af[kSteps][2][4], bf[kSteps][2];
 #pragma unroll
-    for (int ks = 0; ks < kBox / 16; ++ks) {
-      uint32_t a0[4], a1[4], b[2];
-      LoadA(a0, a, width, 0, k0 + kBox * j + 16 * ks);
-      LoadA(a1, a, width, 1, k0 + kBox * j + 16 * ks);
-      LoadB(b, chunk + j * kBoxHalves, 16 * ks, warp);
-      Mma16816(acc[0], a0, b);
-      Mma16816(acc[1], a1, b);
+    for (int ks = 0; ks < kSteps; ++ks) {
+      LoadA(af[ks][0], a, width, 0, k0 + kBox * j + 16 * ks);
+      LoadA(af[ks][1], a, width, 1, k0 + kBox * j + 16 * ks);
+      LoadB(bf[ks], chunk + j * kBoxHalves, 16 * ks, warp);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      Mma16816(acc[0], af[ks][0], bf[ks]);
+      Mma16816(acc[1], af[ks][1], bf[ks]);
     }
   }
 }
@@ -360,19 +373,21 @@ __global__ void __launch_bounds__(kThreads, 1) ClusterEncoderKernel(const __grid
   extern __shared__ unsigned char shared_raw[];
   unsigned char* base = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(shared_raw) + 1023) & ~uintptr_t{1023});
   __half* stages = reinterpret_cast<__half*>(base);
-  __half* x = reinterpret_cast<__half*>(base + kStages * kStageBytes);  // layer input [32, 768]
-  __half* y = x + kRows * kHidden;                                       // context, then attention LN output
-  __half* scratch = y + kRows * kHidden;                                 // Q, K, V [32, 64] each; FFN [32, 192]
-  uint64_t* full = reinterpret_cast<uint64_t*>(scratch + kRows * kFfnCols);
-  int* done = reinterpret_cast<int*>(full + kStages);
-  int* seq = done + kStages;
+  // x: the layer input, then the attention context, the attention LayerNorm's output, the next layer's input;
+  // the residual columns a block adds are copied out before x is overwritten.
+  __half* x = reinterpret_cast<__half*>(base + kStages * kStageBytes);  // [32, 768] swizzled
+  __half* scratch = x + kRows * kHidden;                                 // Q, K, V [32, 64] each; FFN [32, 192]
+  __half* residual_o = scratch + kRows * kFfnCols;                       // [32, 64]: x[:, 64 rank..]
+  __half* residual_f = residual_o + kRows * kHeadSize;                   // [32, 48]: LN1 output[:, 48 rank..]
+  uint64_t* full = reinterpret_cast<uint64_t*>(residual_f + kRows * kReduceCols);
+  int* seq = reinterpret_cast<int*>(full + kStages);
   const int rank = static_cast<int>(BlockRank()), tid = threadIdx.x, warp = tid >> 5;
 
+  WeightStream w{&p, stages, full, rank, 0, 0, 0, 0};
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) InitBulkBarrier(&full[s]), done[s] = 0;
+    for (int s = 0; s < kStages; ++s) InitBulkBarrier(&full[s]);
     // Weights and the per-layer vectors need no predecessor: start streaming them before waiting for it.
-    for (int i = kStages; i < kStages + kPrefetchAhead; ++i) PrefetchChunk(p, rank, i);
-    for (int i = 0; i < kStages; ++i) IssueChunk(p, rank, i, stages, full);
+    for (int i = 0; i < kStages; ++i) w.Issue();
     const uint32_t h = p.layers * kHidden * sizeof(__half);
     for (const __half* v : {p.attention_output_bias, p.attention_ln_gamma, p.attention_ln_beta, p.output_bias,
                             p.output_ln_gamma, p.output_ln_beta}) {
@@ -392,7 +407,6 @@ __global__ void __launch_bounds__(kThreads, 1) ClusterEncoderKernel(const __grid
   }
   __syncthreads();
 
-  WeightStream w{&p, stages, full, done, rank, 0};
   BERTSERVE_CLUSTER_CLOCK();
   for (int l = 0; l < p.layers; ++l) {
     if (rank < kHeads) {
@@ -427,15 +441,21 @@ __global__ void __launch_bounds__(kThreads, 1) ClusterEncoderKernel(const __grid
     BERTSERVE_CLUSTER_CLOCK();
 
     if (rank < kHeads) {
+      for (int i = tid; i < kRows * kHeadSize / 8; i += kThreads) {
+        const int row = i / (kHeadSize / 8), col = (i % (kHeadSize / 8)) * 8;
+        *reinterpret_cast<uint4*>(residual_o + row * kHeadSize + col) =
+            *reinterpret_cast<const uint4*>(x + Swizzled(kHidden, row, kHeadSize * rank + col));
+      }
+      __syncthreads();
       for (int i = tid; i < kRows * kHidden / 8; i += kThreads) {
         const int row = i / (kHidden / 8), col = (i % (kHidden / 8)) * 8;
-        *reinterpret_cast<uint4*>(y + Swizzled(kHidden, row, col)) =
+        *reinterpret_cast<uint4*>(x + Swizzled(kHidden, row, col)) =
             __ldcg(reinterpret_cast<const uint4*>(p.context + row * kHidden + col));
       }
       __syncthreads();
       float acc[2][4] = {};
       for (int c = 0; c < kAttentionOutputChunks; ++c) {
-        MultiplyDeep(acc, y, kHidden, kBox * kBoxesPerChunk * c, w.Wait());
+        MultiplyDeep(acc, x, kHidden, kBox * kBoxesPerChunk * c, w.Wait());
         w.Release();
       }
       const int col = kBox * rank + 8 * warp + AccCol(0);
@@ -445,7 +465,8 @@ __global__ void __launch_bounds__(kThreads, 1) ClusterEncoderKernel(const __grid
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = 16 * mt + AccRow(2 * h);
-          const float2 res = __half22float2(*reinterpret_cast<const __half2*>(x + Swizzled(kHidden, row, col)));
+          const float2 res =
+              __half22float2(*reinterpret_cast<const __half2*>(residual_o + row * kHeadSize + col - kBox * rank));
           __stcg(reinterpret_cast<float2*>(p.sums + row * kHidden + col),
                  make_float2(acc[mt][2 * h] + bias.x + res.x, acc[mt][2 * h + 1] + bias.y + res.y));
         }
@@ -455,13 +476,18 @@ __global__ void __launch_bounds__(kThreads, 1) ClusterEncoderKernel(const __grid
     ClusterSync();
     BERTSERVE_CLUSTER_CLOCK();
 
-    NormalizeAllRows(p.sums, p.attention_ln_gamma + l * kHidden, p.attention_ln_beta + l * kHidden, p.epsilon, y);
+    NormalizeAllRows(p.sums, p.attention_ln_gamma + l * kHidden, p.attention_ln_beta + l * kHidden, p.epsilon, x);
     __syncthreads();
+    for (int i = tid; i < kRows * kReduceCols / 8; i += kThreads) {
+      const int row = i / (kReduceCols / 8), col = (i % (kReduceCols / 8)) * 8;
+      *reinterpret_cast<uint4*>(residual_f + row * kReduceCols + col) =
+          *reinterpret_cast<const uint4*>(x + Swizzled(kHidden, row, kReduceCols * rank + col));
+    }
     BERTSERVE_CLUSTER_CLOCK();
     {
       float acc[2][3][4] = {};
       for (int c = 0; c < kFfnChunks; ++c) {
-        MultiplyWide(acc, y, kHidden, kBox * c, w.Wait());
+        MultiplyWide(acc, x, kHidden, kBox * c, w.Wait());
         w.Release();
       }
 #pragma unroll
@@ -507,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1) ClusterEncoderKernel(const __grid
     ClusterSync();
     BERTSERVE_CLUSTER_CLOCK();
 
-    // Columns 48 rank.. of the 16 partial sums, + bias + residual (the attention LN output in y).
+    // Columns 48 rank.. of the 16 partial sums, + bias + residual (the attention LayerNorm output).
     for (int i = tid; i < kRows * kReduceCols / 4; i += kThreads) {
       const int row = i / (kReduceCols / 4), col = kReduceCols * rank + (i % (kReduceCols / 4)) * 4;
       float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -517,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, 1) ClusterEncoderKernel(const __grid
         sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
       }
       const __half* bias = p.output_bias + l * kHidden + col;
-      const __half* res = y + Swizzled(kHidden, row, col);
+      const __half* res = residual_f + row * kReduceCols + col - kReduceCols * rank;
       sum.x += __half2float(bias[0]) + __half2float(res[0]);
       sum.y += __half2float(bias[1]) + __half2float(res[1]);
       sum.z += __half2float(bias[2]) + __half2float(res[2]);
