@@ -188,14 +188,6 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBa
   }
   const EncoderBuffers<D> buf(dims, std::max(batch.num_tokens, batch.batch), workspace);
   const bool custom_gemms = UsesCustomGemms(gemm, dims, std::is_same_v<D, __half>);
-  if constexpr (std::is_same_v<D, __half>) {
-    if (custom_gemms && ClusterEncoderSupports(dims, batch)) {
-      static_assert(kGemmWorkspaceBytes >= kClusterEncoderScratchBytes, "the cluster encoder's scratch");
-      LaunchClusterEncoder(dims, w, batch, ToDevice(hidden), first_tokens == nullptr ? ToDevice(hidden) : nullptr,
-                           ToDevice(first_tokens), buf.gemm_workspace, s);
-      return;
-    }
-  }
   const int64_t all_token_layers = first_tokens == nullptr ? dims.num_layers : dims.num_layers - 1;
   for (int64_t l = 0; l < all_token_layers; ++l) {
     Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, custom_gemms, ToDevice(hidden), gemm, stream);

@@ -11,11 +11,8 @@
 #define BERTSERVE_KERNELS_CUDA_KERNELS_H_
 
 #include <cuda_runtime.h>
-#include <cuda_fp16.h>
 
 #include <cstdint>
-
-#include "custom_ops/kernels/bert_core.h"
 
 namespace bertserve {
 namespace cuda {
@@ -80,17 +77,6 @@ template <typename T>
 void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classifier_kernel,
                       const T* classifier_bias, int64_t batch, int64_t hidden, int64_t num_labels, float* scores,
                       cudaStream_t stream);
-
-// The whole fp16 encoder for at most kClusterEncoderMaxTokens tokens of the BERT-base layer shape (hidden 768,
-// 12 heads, FFN 3072) in one launch of a 16-block thread-block cluster (cluster_encoder.cu). hidden_in [tokens,
-// H]; the output to hidden_out [tokens, H] (may alias hidden_in) and/or first_out [batch, H]; scratch holds
-// kClusterEncoderScratchBytes (context [32, 768] fp16, sums [32, 768] and 16 partial sums of it in fp32). Launched after its predecessor (programmatic dependent launch).
-constexpr int64_t kClusterEncoderMaxTokens = 32;
-bool ClusterEncoderSupports(const EncoderDims& dims, const PackedBatch& batch);
-constexpr int64_t kClusterEncoderScratchBytes = kClusterEncoderMaxTokens * 768 * (2 + 4 + 4 * 16);
-void LaunchClusterEncoder(const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch,
-                          const __half* hidden_in, __half* hidden_out, __half* first_out, void* scratch,
-                          cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace bertserve
