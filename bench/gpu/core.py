@@ -96,8 +96,9 @@ class CudaRanker:
         """The core's TokenBucket: the token count graphs are captured for and the TF GPU kernel runs at."""
         return int(self.lib.bertserve_cuda_token_bucket(num_tokens))
 
-    def gelu_plans(self) -> list[str]:
-        """How each planned FFN GEMM + GELU shape runs (CUTLASS tile configuration or cuBLASLt + GELU pass)."""
+    def gemm_plans(self) -> list[str]:
+        """How each planned fp16 GEMM shape runs (cuBLASLt or a CUTLASS tile configuration; for the FFN GEMM +
+        GELU, a CUTLASS kernel with GELU in its epilogue or the GEMM + a GELU pass)."""
         return self.lib.bertserve_cuda_ranker_describe_plans(self.handle).decode().splitlines()
 
     def close(self) -> None:

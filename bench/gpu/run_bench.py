@@ -340,7 +340,7 @@ def stage_time(res: Results, quick: bool) -> None:
             print(json.dumps(row), flush=True)
             res.data["timing"] = {"shape": "6 layers, hidden 768, 12 heads, FFN 3072, seq 32, fp16", "rows": rows}
             res.save()
-    res.data["timing"]["gelu_plans"] = ranker.gelu_plans()
+    res.data["timing"]["gemm_plans"] = ranker.gemm_plans()
     res.save()
     for r in (ranker, cublaslt, all_tokens):
         r.close()
@@ -411,8 +411,8 @@ def kernel_label(name: str) -> str:
         return name[:90]
     mma = re.search(r"MMA_(\d+x\d+x\d+)", name)
     schedule = "ping-pong" if "Pingpong" in name else "cooperative"
-    stream_k = " stream-K" if "StreamK" in name else ""
-    return f"CUTLASS GEMM+GELU {schedule} wgmma {mma.group(1) if mma else '?'}{stream_k}"
+    epilogue = "+bias+GELU" if "EltAct" in name else "+bias" if "PerRowBias" in name else ""
+    return f"CUTLASS GEMM{epilogue} {schedule} wgmma {mma.group(1) if mma else '?'}"
 
 
 def stage_profile(res: Results) -> None:
@@ -444,7 +444,7 @@ def stage_profile(res: Results) -> None:
         prof_out[f"U8_32_batch{bs}_tokens{n}"] = dict(sorted(table.items(), key=lambda kv: -kv[1]["us_per_forward"]))
         print(f"batch {bs}:", json.dumps(prof_out[f"U8_32_batch{bs}_tokens{n}"])[:1500], flush=True)
     res.data["profile_eager_launches"] = prof_out
-    res.data["profile_gelu_plans"] = ranker.gelu_plans()
+    res.data["profile_gemm_plans"] = ranker.gemm_plans()
     ranker.close()
 
 

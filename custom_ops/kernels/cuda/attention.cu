@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
     FusedShortAttentionKernel(const __half* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                               float scale_log2, __half* __restrict__ context, const __half* __restrict__ hidden_in,
                               __half* __restrict__ residual) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   constexpr int kLd = D + 8;  // +16 bytes per row: the 8 rows an ldmatrix reads hit distinct banks
   constexpr int kKeyTiles = kMaxKeys / 8;
   constexpr int kDimTiles = D / 8;
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kStreamingWarps * 32)
     StreamingAttentionKernel(const T* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                              int head_size, float scale_log2, T* __restrict__ context, const T* __restrict__ hidden_in,
                              T* __restrict__ residual) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   const int row = blockIdx.x, head = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int begin = cu_seqlens[row];

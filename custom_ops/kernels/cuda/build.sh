@@ -23,13 +23,15 @@ fi
 cutlass=${CUTLASS_HOME:-$("$py" -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source"))')}
 arch=${CUDA_ARCH:-arch=compute_90a,code=sm_90a}
 # NDEBUG keeps CUTLASS's asserts out of the wgmma pipelines (ptxas serialises wgmma across their calls).
-cutlass_flags=(-DNDEBUG --expt-relaxed-constexpr -diag-suppress 2908
+# CUTLASS_ENABLE_GDC_FOR_SM90 compiles CUTLASS's programmatic-launch waits and triggers into its kernels (every
+# translation unit alike, so that no inline function has two definitions).
+cutlass_flags=(-DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 --expt-relaxed-constexpr -diag-suppress 2908
   -I"$cutlass/include" -I"$cutlass/tools/util/include")
 mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
 pids=()
 core_objs=()
-for src in gemm_gelu_cooperative gemm_gelu_pingpong gemm_gelu gemm elementwise attention encoder \
+for src in cutlass_gemm_gelu cutlass_gemm_plain gemm_gelu gemm elementwise attention encoder \
     ranker_c_api; do
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills "${cutlass_flags[@]}" \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &

@@ -110,9 +110,14 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Programmatic dependent launch: a kernel launched with LaunchAfterPredecessor may be scheduled while the kernel
 // before it on the stream is still draining (its launch overlaps that tail, ~1-2 us a boundary at small batch),
-// so it must call WaitForPrecedingKernels before it touches memory: that returns once the preceding kernel has
-// completed and its writes are visible. Captured into CUDA graphs as programmatic edges.
-__device__ __forceinline__ void WaitForPrecedingKernels() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+// so it must call JoinLaunchChain before it touches memory. That returns once the preceding kernel has completed
+// and its writes are visible, then lets the kernel after this one be scheduled in turn (it waits likewise, so it
+// never reads what this one has not finished writing). Captured into CUDA graphs as programmatic edges. The
+// CUTLASS GEMMs join the same chain (cutlass_gemm_runners.h); cuBLASLt's kernels break it.
+__device__ __forceinline__ void JoinLaunchChain() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
 
 template <typename... KernelArgs, typename... Args>
 void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,

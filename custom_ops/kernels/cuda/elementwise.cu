@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ gamma, const T* __restrict__ beta, int vocab_size, int type_vocab_size,
     const int32_t* __restrict__ input_ids, const int32_t* __restrict__ segment_ids, int seq,
     const int32_t* __restrict__ cu_seqlens, int batch, int num_tokens, int width, float epsilon, T* __restrict__ out) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   using V = Vec2<T>;
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
     ResidualLayerNormKernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ gamma,
                             const T* __restrict__ beta, int num_tokens, int width, float epsilon, T* __restrict__ hidden,
                             const int32_t* __restrict__ zero_rows_without_tokens) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   using V = Vec2<T>;
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -142,7 +142,7 @@ void CheckWidth(int64_t width) {
 template <typename T>
 __global__ void BiasGeluKernel(T* __restrict__ x, const T* __restrict__ bias, int64_t count, int width,
                                bool vectorized) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -183,7 +183,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) GatherFirstTokenKernel(const T* __restrict__ packed, int width,
                                                                    const int32_t* __restrict__ cu_seqlens, int batch,
                                                                    T* __restrict__ first) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (b >= batch) return;
@@ -198,7 +198,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RemovePaddingKernel(const T* __restrict__ padded, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                         int batch, int num_tokens, T* __restrict__ packed) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (t >= num_tokens) return;
@@ -213,7 +213,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RebuildPaddingKernel(const T* __restrict__ packed, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                          int batch, T* __restrict__ padded) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
   if (row >= batch * seq) return;
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads)
     RankerHeadKernel(const float* __restrict__ pooled, const T* __restrict__ pooler_bias,
                      const T* __restrict__ classifier_kernel, const T* __restrict__ classifier_bias, int width,
                      int num_labels, float* __restrict__ scores) {
-  WaitForPrecedingKernels();
+  JoinLaunchChain();
   // One block per row: a warp per row walked the row 32 loads at a time, latency-bound (8 us at batch 1).
   __shared__ float partial[2][kWarpsPerBlock];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -1,5 +1,7 @@
-// cuBLASLt GEMMs with a per-shape plan cache and optional autotuning. See gemm.h.
+// GEMMs with a per-shape plan cache and optional autotuning: cuBLASLt, or for fp16 a CUTLASS kernel in the
+// programmatic launch chain where that is faster. See gemm.h.
 #include "custom_ops/kernels/cuda/gemm.h"
+#include "custom_ops/kernels/cuda/cutlass_gemm_runners.h"
 #include "custom_ops/kernels/cuda/gemm_context.h"
 #include "custom_ops/kernels/cuda/gpu_timer.h"
 
@@ -13,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 namespace bertserve {
 namespace cuda {
@@ -37,11 +40,12 @@ cudaDataType_t DataType<float>() {
 
 // Descriptors and algorithm for one shape. Row-major Y = X W is computed as the column-major Y^T = W^T X^T, so
 // cuBLAS sees A = W (n x k, ld n), B = X (k x m, ld k), D = Y (n x m, ld n), and the bias runs along cuBLAS's
-// rows (our columns).
+// rows (our columns). cutlass_runner >= 0: the shape runs as that CUTLASS kernel instead (fp16 only).
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  int cutlass_runner = -1;
 };
 
 // (m, n, k, input type, output type, epilogue, pointer alignment).
@@ -70,6 +74,7 @@ cublasLtEpilogue_t ToCublas(Epilogue e) {
 struct GemmContext {
   cublasLtHandle_t handle = nullptr;
   GemmOptions options;
+  int sm_count = 0;
   std::mutex mutex;  // plans are shared; the bias pointer is set per call, so calls are serialised on the host
   std::map<PlanKey, Plan> plans;
   GeluPlans gelu_plans;
@@ -78,6 +83,9 @@ struct GemmContext {
 GemmContext* CreateGemmContext(const GemmOptions& options) {
   auto* context = new GemmContext;
   context->options = options;
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&context->sm_count, cudaDevAttrMultiProcessorCount, device);
   const cublasStatus_t status = cublasLtCreate(&context->handle);
   if (status != CUBLAS_STATUS_SUCCESS) {
     delete context;
@@ -105,13 +113,14 @@ std::mutex& PlanMutex(GemmContext* context) { return context->mutex; }
 
 GeluPlans& GeluPlansOf(GemmContext* context) { return context->gelu_plans; }
 
+int SmCountOf(const GemmContext* context) { return context->sm_count; }
+
 namespace {
 
 // Small-m shapes (latency-bound, where cuBLASLt's first guess is furthest off) get a wider search.
 constexpr int kAutotuneCandidates = 32;
 constexpr int kAutotuneCandidatesLargeM = 8;
 constexpr int64_t kLargeM = 4096;
-constexpr int kAutotuneRepeats = 5;
 
 struct Operands {
   const void *x, *w, *bias;
@@ -131,22 +140,57 @@ cublasStatus_t Run(cublasLtHandle_t handle, const Plan& plan, const cublasLtMatm
                         o.workspace, kGemmWorkspaceBytes, o.stream);
 }
 
-// The fastest of the heuristic's candidates on these operands (events on the caller's stream; waits for them).
+// The fastest of the heuristic's candidates on these operands (events on the caller's stream; waits for them);
+// its time per call goes to *best_ms.
 cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
-                                 const cublasLtMatmulHeuristicResult_t* results, int found, const Operands& o) {
+                                 const cublasLtMatmulHeuristicResult_t* results, int found, const Operands& o,
+                                 float* best_ms) {
   GpuTimer timer(o.stream);
-  float best_ms = 1e30f;
+  *best_ms = 1e30f;
   cublasLtMatmulAlgo_t best = results[0].algo;
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || Run(handle, plan, results[i].algo, o) != CUBLAS_STATUS_SUCCESS) {
       continue;
     }
-    const float ms = timer.MsPerCall(kAutotuneRepeats, [&] { Run(handle, plan, results[i].algo, o); });
-    if (ms >= 0 && ms < best_ms) {
-      best_ms = ms;
+    const float ms = timer.BestMsPerCall([&] { Run(handle, plan, results[i].algo, o); });
+    if (ms >= 0 && ms < *best_ms) {
+      *best_ms = ms;
       best = results[i].algo;
     }
   }
+  return best;
+}
+
+cutlass_gemm::Problem CutlassProblem(const GemmContext* context, const Operands& o, int64_t m, int64_t n, int64_t k) {
+  return {static_cast<const __half*>(o.x), static_cast<const __half*>(o.w), static_cast<const __half*>(o.bias),
+          static_cast<__half*>(o.y), m, n, k, context->sm_count};
+}
+
+const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
+  return cutlass_gemm::Runners(epilogue == Epilogue::kBias ? cutlass_gemm::Fused::kBias : cutlass_gemm::Fused::kNone);
+}
+
+// The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1. Timed (cublas_ms >= 0, cuBLASLt's best
+// time): the fastest runner that beats it. Untimed: the small tile where cutlass_gemm::SmallTileByDefault.
+int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue epilogue,
+                        const Operands& o, float cublas_ms) {
+  const cutlass_gemm::Problem p = CutlassProblem(context, o, m, n, k);
+  if (!context->options.custom_gemms || !cutlass_gemm::Supports(p)) return -1;
+  if (cublas_ms < 0) return cutlass_gemm::SmallTileByDefault(p) ? 0 : -1;
+  const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
+  GpuTimer timer(o.stream);
+  float best_ms = cublas_ms;
+  int best = -1;
+  for (int i = 0; i < static_cast<int>(runners.size()); ++i) {
+    const auto call = [&] { return runners[i].run(p, o.workspace, kGemmWorkspaceBytes, o.stream); };
+    if (call() != cutlass::Status::kSuccess) continue;  // also the warm-up
+    const float ms = timer.BestMsPerCall(call);
+    if (ms >= 0 && ms < best_ms) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaGetLastError();  // a refused launch must not leave its error for the next launcher's check
   return best;
 }
 
@@ -194,8 +238,12 @@ Plan MakePlan(GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue ep
   plan.algo = results[0].algo;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(operands.stream, &capture);
-  if (context->options.autotune && found > 1 && capture == cudaStreamCaptureStatusNone) {
-    plan.algo = FastestAlgo(context->handle, plan, results, found, operands);
+  float cublas_ms = -1.f;  // not timed
+  if (context->options.autotune && capture == cudaStreamCaptureStatusNone) {
+    plan.algo = FastestAlgo(context->handle, plan, results, found, operands, &cublas_ms);
+  }
+  if constexpr (std::is_same_v<TIn, __half> && std::is_same_v<TOut, __half>) {
+    plan.cutlass_runner = ChooseCutlassRunner(context, m, n, k, epilogue, operands, cublas_ms);
   }
   return plan;
 }
@@ -217,9 +265,38 @@ void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOu
     it = context->plans.emplace(key, MakePlan<TIn, TOut>(context, m, n, k, epilogue, alignment, operands)).first;
   }
   Plan& plan = it->second;
+  if constexpr (std::is_same_v<TIn, __half> && std::is_same_v<TOut, __half>) {
+    if (plan.cutlass_runner >= 0) {
+      const cutlass_gemm::Problem p = CutlassProblem(context, operands, m, n, k);
+      if (CutlassRunners(epilogue)[plan.cutlass_runner].run(p, gemm_workspace, kGemmWorkspaceBytes,
+                                                            operands.stream) == cutlass::Status::kSuccess) {
+        return;
+      }
+      cudaGetLastError();       // refused, nothing launched: cuBLASLt from now on
+      plan.cutlass_runner = -1;
+    }
+  }
   if (epilogue != Epilogue::kNone) SetBias(plan, bias);
   ThrowIfFailed(Run(context->handle, plan, plan.algo, operands),
                 "matmul m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k));
+}
+
+std::string DescribeGemmPlans(GemmContext* context) {
+  std::string out;
+  {
+    std::lock_guard<std::mutex> lock(context->mutex);
+    for (const auto& [key, plan] : context->plans) {
+      const auto& [m, n, k, in_type, out_type, epilogue, alignment] = key;
+      if (in_type != CUDA_R_16F || out_type != CUDA_R_16F) continue;
+      out += std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+             (epilogue == static_cast<int>(Epilogue::kBias) ? " + bias: " : ": ") +
+             (plan.cutlass_runner < 0 ? std::string("cuBLASLt")
+                                      : std::string("CUTLASS ") +
+                                            CutlassRunners(static_cast<Epilogue>(epilogue))[plan.cutlass_runner].name) +
+             "\n";
+    }
+  }
+  return out + DescribeGeluPlans(context);
 }
 
 template void Gemm<__half, __half>(GemmContext*, const __half*, const __half*, const __half*, __half*, int64_t,

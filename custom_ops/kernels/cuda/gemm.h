@@ -1,8 +1,8 @@
-// GemmContext: the cuBLASLt handle plus one cached plan per GEMM shape, for cuBLASLt (Gemm) and for the FFN's
-// GEMM + GELU (GemmBiasGelu). Every GEMM of the encoder is row-major Y[m, n] = X[m, k] @ W[k, n] (+ bias[n],
-// + GELU) with TF's [in, out] kernels, fp16 or fp32 storage, fp32 accumulation. Plans are host-side objects:
-// once a shape has been seen, a call never touches the device beyond the matmul itself, so a CUDA graph captured
-// after the first call replays the planned algorithm.
+// GemmContext: the cuBLASLt handle plus one cached plan per GEMM shape, for Gemm (cuBLASLt, or in fp16 a CUTLASS
+// kernel) and for the FFN's GEMM + GELU (GemmBiasGelu). Every GEMM of the encoder is row-major
+// Y[m, n] = X[m, k] @ W[k, n] (+ bias[n], + GELU) with TF's [in, out] kernels, fp16 or fp32 storage, fp32
+// accumulation. Plans are host-side objects: once a shape has been seen, a call never touches the device beyond
+// the matmul itself, so a CUDA graph captured after the first call replays the planned algorithm.
 #ifndef BERTSERVE_KERNELS_CUDA_GEMM_H_
 #define BERTSERVE_KERNELS_CUDA_GEMM_H_
 
@@ -21,8 +21,11 @@ struct GemmOptions {
   // That first call waits for the device (never while the stream is being captured), so it suits callers that
   // plan shapes ahead (the harness's graph buckets), not a serving op that sees a new token count per batch.
   bool autotune = false;
-  // fp16 encoders run the FFN GEMM + GELU through GemmBiasGelu, which may put GELU in a CUTLASS GEMM's epilogue
-  // instead of a pass of its own over the activations. Off: cuBLASLt and the GELU pass, always.
+  // fp16 GEMMs may run as CUTLASS sm90 kernels that join the core's programmatic launch chain (common.cuh), which
+  // cuBLASLt's cannot: with autotuning where they time faster, otherwise for a few hundred rows or fewer
+  // (cutlass_gemm::SmallTileByDefault). And fp16 encoders run the FFN GEMM + GELU through GemmBiasGelu, which may
+  // put GELU in a CUTLASS GEMM's epilogue instead of a pass of its own over the activations. Off: cuBLASLt and the
+  // GELU pass, always.
   bool custom_gemms = true;
 };
 
@@ -38,23 +41,25 @@ const GemmOptions& OptionsOf(const GemmContext* context);
 
 // Y = X @ W with the epilogue, all device pointers, enqueued on stream. (TIn, TOut) is (__half, __half),
 // (float, float) or (__half, float); bias is TIn and ignored for Epilogue::kNone. gemm_workspace holds
-// kGemmWorkspaceBytes. Throws std::runtime_error naming the shape when cuBLASLt fails.
+// kGemmWorkspaceBytes. Throws std::runtime_error naming the shape when cuBLASLt fails. With autotuning, the first
+// call for a shape times cuBLASLt's candidates (and for (__half, __half) with custom_gemms the CUTLASS ones).
 template <typename TIn, typename TOut>
 void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,
           int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream);
 
-// Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation, one of two ways, chosen per
-// shape: a CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or
-// cuBLASLt with the bias epilogue followed by a GELU pass, faster at a few hundred tokens. With autotuning, the
-// first call for a shape times both on the real operands; otherwise the CUTLASS GEMM runs from
-// kFusedGeluMinTokens tokens on (tile configuration by token count); a shape CUTLASS declines falls back to
-// cuBLASLt + pass. n and k must be multiples of 8, pointers 16-byte aligned (TMA).
+// Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation, one of two ways, chosen per shape: a
+// CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or the plain GEMM
+// (Gemm's plan) followed by a bias + GELU pass, faster from a few hundred to a few thousand tokens. With autotuning,
+// the first call for a shape times both on the real operands; otherwise the CUTLASS GEMM runs for a few hundred tokens
+// or fewer (cutlass_gemm::SmallTileByDefault) and from kFusedGeluMinTokens on (tile configuration by token count).
+// Shapes CUTLASS cannot take (n or k not a multiple of 8, pointers not 16-byte aligned) or declines run as GEMM + pass.
 constexpr int64_t kFusedGeluMinTokens = 4096;
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream);
 
-// One line per GemmBiasGelu shape planned so far: "m x n x k: <how it runs>", for benchmarks to report.
-std::string DescribeGeluPlans(GemmContext* context);
+// One line per fp16 shape planned so far, Gemm's then GemmBiasGelu's: "m x n x k [+ epilogue]: <how it runs>",
+// for benchmarks to report.
+std::string DescribeGemmPlans(GemmContext* context);
 
 }  // namespace cuda
 }  // namespace bertserve

@@ -176,10 +176,10 @@ void* bertserve_cuda_ranker_create(int half, int autotune, int custom_gemms, int
   return status == 0 ? ranker : nullptr;
 }
 
-// How the ranker's FFN GEMM + GELU runs for each shape planned so far (gemm.h DescribeGeluPlans).
+// How the ranker's fp16 GEMMs run for each shape planned so far (gemm.h DescribeGemmPlans).
 const char* bertserve_cuda_ranker_describe_plans(void* ranker) {
   thread_local std::string description;
-  description = bertserve::cuda::DescribeGeluPlans(static_cast<Ranker*>(ranker)->gemm);
+  description = bertserve::cuda::DescribeGemmPlans(static_cast<Ranker*>(ranker)->gemm);
   return description.c_str();
 }
 

@@ -1,18 +1,18 @@
-// CUTLASS 3 GEMMs for sm90 (TMA loads, wgmma, warp-specialised) with the FFN's bias + GELU in the epilogue:
-// Y = GELU(X W + bias), GELU in BERT's erf form on the fp32 accumulators, rounded to fp16 once. Included by the
-// translation units that instantiate the tile tables (gemm_gelu_cooperative.cu, gemm_gelu_pingpong.cu), which
-// build in parallel.
+// CUTLASS 3 GEMMs for sm90 (TMA loads, wgmma, warp-specialised, persistent) with the encoder's epilogues on the
+// fp32 accumulators, rounded to fp16 once: none, + bias, or + bias then GELU in BERT's erf form (the FFN GEMM).
+// Included by the translation units that instantiate the tile tables (cutlass_gemm_plain.cu, cutlass_gemm_gelu.cu),
+// which build in parallel.
 //
 // Row-major Y[m, n] = X[m, k] @ W[k, n] is computed as the column-major Z = Y^T = W^T X^T, as on the cuBLASLt
 // path: CUTLASS's M is our n (features), its N our m (tokens); the bias runs along CUTLASS's rows
-// (LinCombPerRowBiasEltAct), W^T is an M-major A operand, X^T a K-major B operand, Y a column-major D.
-#ifndef BERTSERVE_KERNELS_CUDA_GEMM_GELU_KERNELS_CUH_
-#define BERTSERVE_KERNELS_CUDA_GEMM_GELU_KERNELS_CUH_
+// (LinCombPerRowBias), W^T is an M-major A operand, X^T a K-major B operand, Y a column-major D.
+#ifndef BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
+#define BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
 
-#include <type_traits>
+#include <vector>
 
 #include "custom_ops/kernels/cuda/common.cuh"
-#include "custom_ops/kernels/cuda/gemm_gelu_runners.h"
+#include "custom_ops/kernels/cuda/cutlass_gemm_runners.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -23,9 +23,13 @@
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+#error "build with -DCUTLASS_ENABLE_GDC_FOR_SM90: the kernels are launched as programmatic dependents"
+#endif
+
 namespace bertserve {
 namespace cuda {
-namespace gemm_gelu {
+namespace cutlass_gemm {
 
 // BERT's GELU as a CUTLASS epilogue activation on the fp32 accumulators: GeluErf (Abramowitz & Stegun erf,
 // branch-free), not cutlass::epilogue::thread::GELU, whose erff costs several times more per element; in a
@@ -44,12 +48,38 @@ struct BertGelu<cutlass::Array<T, N>> {
   }
 };
 
-template <class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule, class Scheduler>
+using Half = cutlass::half_t;
+
+template <Fused F>
+struct FusionOf;
+template <>
+struct FusionOf<Fused::kNone> {
+  using type = cutlass::epilogue::fusion::LinearCombination<Half, float, Half, float>;
+};
+template <>
+struct FusionOf<Fused::kBias> {
+  using type = cutlass::epilogue::fusion::LinCombPerRowBias<Half, float, Half, Half, float>;
+};
+template <>
+struct FusionOf<Fused::kBiasGelu> {
+  using type = cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<BertGelu, Half, float, Half, Half, float>;
+};
+
+// The kernel schedules the tables use: cooperative (two consumer warp groups share a tile) or ping-pong (each
+// consumer warp group owns a tile, its epilogue overlapping the other's main loop).
+using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
+
+// The FFN GEMM + GELU's tables (cutlass_gemm_gelu.cu), which Runners (cutlass_gemm_plain.cu) hands out.
+const std::vector<Runner>& GeluRunners();
+
+template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule>
 struct Kernel {
-  using Half = cutlass::half_t;
   using Layout = cutlass::layout::ColumnMajor;
   static constexpr int kAlign = 8;  // 16 bytes of fp16: TMA's requirement on every leading dimension
-  using Fusion = cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<BertGelu, Half, float, Half, Half, float>;
+  using Fusion = typename FusionOf<F>::type;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlign, Half, Layout, kAlign,
@@ -61,11 +91,10 @@ struct Kernel {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, Scheduler>;
+                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  static constexpr bool kStreamK = std::is_same_v<Scheduler, cutlass::gemm::StreamKScheduler>;
 
-  static typename Gemm::Arguments Arguments(const Problem& p, int splits) {
+  static typename Gemm::Arguments Arguments(const Problem& p) {
     using GK = typename Gemm::GemmKernel;
     const int M = static_cast<int>(p.n), N = static_cast<int>(p.m), K = static_cast<int>(p.k);
     typename Gemm::Arguments args{};
@@ -79,31 +108,25 @@ struct Kernel {
     args.epilogue.dD = cutlass::make_cute_packed_stride(typename GK::StrideD{}, cute::make_shape(M, N, 1));
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    args.epilogue.thread.bias_ptr = reinterpret_cast<const Half*>(p.bias);
+    if constexpr (F != Fused::kNone) args.epilogue.thread.bias_ptr = reinterpret_cast<const Half*>(p.bias);
     args.hw_info.sm_count = p.sm_count;
-    if constexpr (kStreamK) {
-      using Mode = cutlass::gemm::kernel::detail::DecompositionMode;
-      args.scheduler.splits = splits > 1 ? splits : 1;
-      args.scheduler.decomposition_mode = splits > 1 ? Mode::SplitK : Mode::Heuristic;
-    }
     return args;
   }
 
-  static cutlass::Status Run(const Problem& p, int splits, void* workspace, size_t workspace_bytes,
-                             cudaStream_t stream) {
-    const typename Gemm::Arguments args = Arguments(p, splits);
+  static cutlass::Status Run(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    const typename Gemm::Arguments args = Arguments(p);
     cutlass::Status status = Gemm::can_implement(args);
     if (status != cutlass::Status::kSuccess) return status;
     if (Gemm::get_workspace_size(args) > workspace_bytes) return cutlass::Status::kErrorWorkspaceNull;
     Gemm gemm;
     status = gemm.initialize(args, workspace, stream);
     if (status != cutlass::Status::kSuccess) return status;
-    return gemm.run(stream);
+    return gemm.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/true);
   }
 };
 
-}  // namespace gemm_gelu
+}  // namespace cutlass_gemm
 }  // namespace cuda
 }  // namespace bertserve
 
-#endif  // BERTSERVE_KERNELS_CUDA_GEMM_GELU_KERNELS_CUH_
+#endif  // BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_

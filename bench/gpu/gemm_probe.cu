@@ -1,0 +1,222 @@
+// Probe: what each of the chit-chat layer's four GEMMs costs at a few hundred tokens, cuBLASLt (every heuristic
+// candidate) against CUTLASS sm90 kernels (TMA, wgmma) with and without programmatic dependent launch (PDL), timed
+// as CUDA graphs of back-to-back launches with the weights rotating through 96 MB of copies (as in a forward, where
+// 85 MB of weights do not stay in L2). Prints one JSON line per (tokens, GEMM, variant).
+//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 \
+//     --expt-relaxed-constexpr -I. -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUBLAS/include \
+//     bench/gpu/gemm_probe.cu -L$CUBLAS/lib -lcublasLt -o gemm_probe
+#include <cublasLt.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e = (x);                                                               \
+    if (e != cudaSuccess) {                                                            \
+      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                 \
+      exit(1);                                                                         \
+    }                                                                                  \
+  } while (0)
+
+namespace gemm_probe {
+
+using namespace cute;
+using namespace bertserve::cuda::cutlass_gemm;
+constexpr int kLaunchesPerGraph = 24;
+constexpr size_t kWeightPoolBytes = size_t(96) << 20;
+constexpr size_t kWorkspaceBytes = size_t(64) << 20;
+
+// The core's kernel (cutlass_gemm_kernels.cuh), launched with or without programmatic stream serialization.
+template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule>
+bool RunCutlass(const Problem& p, void* workspace, cudaStream_t stream, bool pdl) {
+  using K = Kernel<F, TileShape, ClusterShape, MainloopSchedule, EpilogueSchedule>;
+  const typename K::Gemm::Arguments args = K::Arguments(p);
+  typename K::Gemm gemm;
+  return K::Gemm::can_implement(args) == cutlass::Status::kSuccess &&
+         K::Gemm::get_workspace_size(args) <= kWorkspaceBytes &&
+         gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess &&
+         gemm.run(stream, nullptr, pdl) == cutlass::Status::kSuccess;
+}
+
+struct Variant {
+  const char* name;
+  bool (*run)(const Problem&, void*, cudaStream_t, bool);
+};
+
+template <Fused F>
+const std::vector<Variant>& Variants() {
+  static const std::vector<Variant> variants = {
+      {"ping 64x64 1x1", &RunCutlass<F, Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>},
+      {"ping 64x128 1x1", &RunCutlass<F, Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>},
+      {"ping 64x128 2x1", &RunCutlass<F, Shape<_64, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>},
+      {"ping 64x64 1x2", &RunCutlass<F, Shape<_64, _64, _64>, Shape<_1, _2, _1>, Pingpong, PingpongEpilogue>},
+      {"coop 128x64 1x1", &RunCutlass<F, Shape<_128, _64, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>},
+      {"coop 128x128 1x1",
+       &RunCutlass<F, Shape<_128, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>},
+      {"coop 128x64 1x2", &RunCutlass<F, Shape<_128, _64, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue>},
+  };
+  return variants;
+}
+
+const std::vector<Variant>& VariantsFor(Fused f) {
+  switch (f) {
+    case Fused::kNone:
+      return Variants<Fused::kNone>();
+    case Fused::kBias:
+      return Variants<Fused::kBias>();
+    default:
+      return Variants<Fused::kBiasGelu>();
+  }
+}
+
+// A graph of kLaunchesPerGraph calls, each on the next weight copy; microseconds per call (best of 5 replays).
+template <typename Launch>
+float GraphMicros(cudaStream_t stream, int copies, const Launch& launch) {
+  cudaGraph_t graph;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  bool ok = true;
+  for (int i = 0; i < kLaunchesPerGraph; ++i) ok = launch(i % copies) && ok;
+  CK(cudaStreamEndCapture(stream, &graph));
+  if (!ok) {
+    cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return -1.f;
+  }
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int r = 0; r < 8; ++r) {
+    CK(cudaEventRecord(a, stream));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaEventRecord(b, stream));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 3) best = std::min(best, ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return best * 1000.f / kLaunchesPerGraph;
+}
+
+struct Cublas {
+  cublasLtHandle_t handle;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, d;
+  cublasLtMatmulHeuristicResult_t results[32];
+  int found;
+};
+
+Cublas MakeCublas(cublasLtHandle_t handle, int t, int n, int k, bool bias, const __half* bias_ptr) {
+  Cublas c{};
+  c.handle = handle;
+  cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  const cublasLtEpilogue_t e = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e));
+  if (bias) {
+    const cudaDataType_t h = CUDA_R_16F;
+    cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &h, sizeof(h));
+    cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr));
+  }
+  cublasLtMatrixLayoutCreate(&c.a, CUDA_R_16F, n, k, n);
+  cublasLtMatrixLayoutCreate(&c.b, CUDA_R_16F, k, t, k);
+  cublasLtMatrixLayoutCreate(&c.d, CUDA_R_16F, n, t, n);
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulPreferenceCreate(&pref);
+  const uint64_t ws = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  cublasLtMatmulAlgoGetHeuristic(handle, c.desc, c.a, c.b, c.d, c.d, pref, 32, c.results, &c.found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  return c;
+}
+
+bool RunCublas(const Cublas& c, const cublasLtMatmulAlgo_t& algo, const Problem& p, void* workspace,
+               cudaStream_t stream) {
+  const float alpha = 1.f, beta = 0.f;
+  return cublasLtMatmul(c.handle, c.desc, &alpha, p.w, c.a, p.x, c.b, &beta, p.y, c.d, p.y, c.d, &algo, workspace,
+                        kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
+}
+
+__global__ void FillKernel(__half* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = (uint32_t(i) ^ seed) * 2654435761u;
+    h ^= h >> 15;
+    p[i] = __float2half((float(h & 0xffff) / 65536.f - 0.5f) * 0.1f);
+  }
+}
+
+}  // namespace gemm_probe
+
+int main() {
+  using namespace gemm_probe;
+  cudaStream_t stream;
+  CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cublasLtHandle_t handle;
+  cublasLtCreate(&handle);
+  __half *pool, *x, *y, *bias;
+  void* workspace;
+  const int max_t = 2048, max_n = 3072, max_k = 3072;
+  CK(cudaMalloc(&pool, kWeightPoolBytes));
+  CK(cudaMalloc(&x, size_t(max_t) * max_k * 2));
+  CK(cudaMalloc(&y, size_t(max_t) * max_n * 2));
+  CK(cudaMalloc(&bias, max_n * 2));
+  CK(cudaMalloc(&workspace, kWorkspaceBytes));
+  FillKernel<<<1024, 256>>>(pool, kWeightPoolBytes / 2, 1);
+  FillKernel<<<1024, 256>>>(x, size_t(max_t) * max_k, 2);
+  FillKernel<<<16, 256>>>(bias, max_n, 3);
+  CK(cudaDeviceSynchronize());
+
+  struct Gemm {
+    const char* name;
+    int n, k;
+    Fused fuse;
+  };
+  const Gemm gemms[] = {{"qkv", 2304, 768, Fused::kBias},
+                        {"attn_out", 768, 768, Fused::kNone},
+                        {"ffn", 3072, 768, Fused::kBiasGelu},
+                        {"ffn_out", 768, 3072, Fused::kNone}};
+  for (const int t : {32, 256, 736, 1024, 2048}) {
+    for (const Gemm& g : gemms) {
+      const size_t w_elems = size_t(g.n) * g.k;
+      const int copies = static_cast<int>(kWeightPoolBytes / 2 / w_elems);
+      auto problem = [&](int copy) { return Problem{x, pool + copy * w_elems, bias, y, t, g.n, g.k, 132}; };
+      // cuBLASLt: bias in its epilogue where the GEMM has one; GELU as a pass of its own is not timed here.
+      const Cublas c = MakeCublas(handle, t, g.n, g.k, g.fuse != Fused::kNone, bias);
+      float first = -1, best = 1e30f;
+      int best_i = -1;
+      for (int i = 0; i < c.found; ++i) {
+        const float us = GraphMicros(stream, copies, [&](int copy) {
+          return RunCublas(c, c.results[i].algo, problem(copy), workspace, stream);
+        });
+        if (i == 0) first = us;
+        if (us > 0 && us < best) best = us, best_i = i;
+      }
+      printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cublaslt first\", \"us\": %.2f}\n", t, g.name, first);
+      printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cublaslt best of %d (#%d)\", \"us\": %.2f}\n", t, g.name,
+             c.found, best_i, best);
+      for (const Variant& v : VariantsFor(g.fuse)) {
+        for (const bool pdl : {false, true}) {
+          const float us = GraphMicros(stream, copies, [&](int copy) {
+            return v.run(problem(copy), workspace, stream, pdl);
+          });
+          printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cutlass %s%s\", \"us\": %.2f}\n", t, g.name,
+                 v.name, pdl ? " pdl" : "", us);
+        }
+      }
+      fflush(stdout);
+    }
+  }
+  return 0;
+}

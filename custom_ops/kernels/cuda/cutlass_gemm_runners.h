@@ -1,0 +1,61 @@
+// The CUTLASS sm90 GEMMs (TMA loads, wgmma, warp-specialised, persistent) that the fp16 GEMM plans choose from,
+// one table per epilogue; declared here, compiled in cutlass_gemm_{plain,gelu}.cu (see cutlass_gemm_kernels.cuh),
+// so that the dispatchers do not instantiate CUTLASS templates.
+//
+// Every kernel joins the programmatic launch chain (the core is built with CUTLASS_ENABLE_GDC_FOR_SM90, and the
+// kernels are launched with programmatic stream serialization): it is scheduled while the kernel before it drains,
+// waits for it before its first load, and lets the kernel after it launch once its main loop is done. cuBLASLt's
+// kernels cannot do that, which at a few hundred tokens or fewer is what makes these win (log, step 31).
+#ifndef BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
+#define BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "cutlass/cutlass.h"
+
+namespace bertserve {
+namespace cuda {
+namespace cutlass_gemm {
+
+// What the epilogue applies to the fp32 accumulators before the one rounding to fp16.
+enum class Fused { kNone, kBias, kBiasGelu };
+
+// One call: device pointers and our row-major shape, Y[m, n] = X[m, k] @ W[k, n] (+ bias[n], GELU).
+struct Problem {
+  const __half* x;
+  const __half* w;
+  const __half* bias;  // ignored for Fused::kNone
+  __half* y;
+  int64_t m, n, k;
+  int sm_count;
+};
+
+// A compiled tile configuration.
+struct Runner {
+  const char* name;
+  // kSuccess or why not; launches nothing when the configuration cannot run the shape or needs more workspace.
+  cutlass::Status (*run)(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+};
+
+// The configurations for one epilogue; the first is the small-tile one (ping-pong 64 x 64, one block a cluster).
+const std::vector<Runner>& Runners(Fused fused);
+
+// Whether a shape nobody timed runs as the small-tile kernel rather than cuBLASLt: a few hundred rows or fewer,
+// and k <= n. On the H200 (log, step 31) it beat cuBLASLt there in the forward; with k = 4n (the FFN output) its
+// n / 64 blocks each stream too much of the weights, and cuBLASLt's split-k kernels are faster.
+constexpr int64_t kSmallGemmMaxTokens = 256;
+inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
+
+// Whether CUTLASS's TMA can take these operands: n and k multiples of 8, every pointer 16-byte aligned.
+bool Supports(const Problem& p);
+
+}  // namespace cutlass_gemm
+}  // namespace cuda
+}  // namespace bertserve
+
+#endif  // BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
