@@ -121,7 +121,7 @@ struct Kernel {
     Gemm gemm;
     status = gemm.initialize(args, workspace, stream);
     if (status != cutlass::Status::kSuccess) return status;
-    return gemm.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/true);
+    return gemm.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/p.m <= kChainMaxTokens);
   }
 };
 

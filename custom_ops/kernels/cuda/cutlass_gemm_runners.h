@@ -2,10 +2,11 @@
 // one table per epilogue; declared here, compiled in cutlass_gemm_{plain,gelu}.cu (see cutlass_gemm_kernels.cuh),
 // so that the dispatchers do not instantiate CUTLASS templates.
 //
-// Every kernel joins the programmatic launch chain (the core is built with CUTLASS_ENABLE_GDC_FOR_SM90, and the
-// kernels are launched with programmatic stream serialization): it is scheduled while the kernel before it drains,
-// waits for it before its first load, and lets the kernel after it launch once its main loop is done. cuBLASLt's
-// kernels cannot do that, which at a few hundred tokens or fewer is what makes these win (log, step 31).
+// The kernels join the programmatic launch chain (the core is built with CUTLASS_ENABLE_GDC_FOR_SM90): each lets
+// the kernel after it launch once its main loop is done, and up to kChainMaxTokens rows it is launched with
+// programmatic stream serialization itself, so it is scheduled while the kernel before it drains and waits for it
+// before its first load. cuBLASLt's kernels cannot do that, which at a few hundred tokens or fewer is what makes
+// these win (log, step 31).
 #ifndef BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
 #define BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
 
@@ -21,6 +22,10 @@
 namespace bertserve {
 namespace cuda {
 namespace cutlass_gemm {
+
+// Above this many rows a kernel is launched without programmatic serialization: at 163k tokens the persistent
+// blocks launched early beside the kernel before them made the sustained forward ~4 % slower (log, step 31).
+constexpr int64_t kChainMaxTokens = 4096;
 
 // What the epilogue applies to the fp32 accumulators before the one rounding to fp16.
 enum class Fused { kNone, kBias, kBiasGelu };
