@@ -1,5 +1,5 @@
 """Small forwards of every kernel variant, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
-fp16 (with the CUTLASS GEMM + GELU; cuBLASLt only) and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the
+fp16 (with the CUTLASS GEMMs of the launch chain; cuBLASLt only) and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the
 fused attention's three sizes) and 200 (the streaming attention), a batch of 27 tokens (small-m GEMMs), a graph
 bucket with scratch rows, and the padding ops.
 
