@@ -146,20 +146,15 @@ cublasStatus_t Run(cublasLtHandle_t handle, const Plan& plan, const cublasLtMatm
 cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
                                  const cublasLtMatmulHeuristicResult_t* results, int found, const Operands& o,
                                  float* best_ms) {
-  GpuTimer timer(o.stream);
   *best_ms = 1e30f;
-  cublasLtMatmulAlgo_t best = results[0].algo;
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || Run(handle, plan, results[i].algo, o) != CUBLAS_STATUS_SUCCESS) {
-      continue;
-    }
-    const float ms = timer.BestMsPerCall([&] { Run(handle, plan, results[i].algo, o); });
-    if (ms >= 0 && ms < *best_ms) {
-      *best_ms = ms;
-      best = results[i].algo;
-    }
-  }
-  return best;
+  const int best = GpuTimer(o.stream).Fastest(
+      found,
+      [&](int i) {
+        return results[i].state == CUBLAS_STATUS_SUCCESS &&
+               Run(handle, plan, results[i].algo, o) == CUBLAS_STATUS_SUCCESS;
+      },
+      best_ms);
+  return results[best < 0 ? 0 : best].algo;
 }
 
 cutlass_gemm::Problem CutlassProblem(const GemmContext* context, const Operands& o, int64_t m, int64_t n, int64_t k) {
@@ -179,20 +174,10 @@ int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_
   if (!context->options.custom_gemms || !cutlass_gemm::Supports(p)) return -1;
   if (cublas_ms < 0) return cutlass_gemm::SmallTileByDefault(p) ? 0 : -1;
   const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
-  GpuTimer timer(o.stream);
-  float best_ms = cublas_ms;
-  int best = -1;
-  for (int i = 0; i < static_cast<int>(runners.size()); ++i) {
-    const auto call = [&] { return runners[i].run(p, o.workspace, kGemmWorkspaceBytes, o.stream); };
-    if (call() != cutlass::Status::kSuccess) continue;  // also the warm-up
-    const float ms = timer.BestMsPerCall(call);
-    if (ms >= 0 && ms < best_ms) {
-      best_ms = ms;
-      best = i;
-    }
-  }
-  cudaGetLastError();  // a refused launch must not leave its error for the next launcher's check
-  return best;
+  return GpuTimer(o.stream).Fastest(
+      static_cast<int>(runners.size()),
+      [&](int i) { return runners[i].run(p, o.workspace, kGemmWorkspaceBytes, o.stream) == cutlass::Status::kSuccess; },
+      &cublas_ms);
 }
 
 template <typename TIn, typename TOut>

@@ -54,20 +54,13 @@ bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, c
 }
 
 // The fastest candidate on these operands (queued on the caller's stream; waits for the device).
+// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan.
 int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
-  GpuTimer timer(stream);
   float best_ms = 1e30f;
-  int best = kGemmPlusPass;
-  for (int plan = kGemmPlusPass; plan < static_cast<int>(AllRunners().size()); ++plan) {
-    if (!Launch(context, plan, p, workspace, stream)) continue;  // also the warm-up (and cuBLASLt's own planning)
-    const float ms = timer.BestMsPerCall([&] { Launch(context, plan, p, workspace, stream); });
-    if (ms >= 0 && ms < best_ms) {
-      best_ms = ms;
-      best = plan;
-    }
-  }
-  cudaGetLastError();  // candidates whose launch was refused must not leave their error for the next launcher
-  return best;
+  const int best = GpuTimer(stream).Fastest(
+      static_cast<int>(AllRunners().size()) + 1,
+      [&](int i) { return Launch(context, i - 1, p, workspace, stream); }, &best_ms);
+  return best < 0 ? kGemmPlusPass : best - 1;
 }
 
 }  // namespace

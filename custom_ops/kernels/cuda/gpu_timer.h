@@ -45,6 +45,25 @@ class GpuTimer {
     return best;
   }
 
+  // The fastest of `count` candidates: launch(i) enqueues candidate i and returns false when it was refused
+  // (nothing launched; such a candidate is skipped). Each is launched once untimed (the warm-up), then timed with
+  // BestMsPerCall. Returns its index, or -1 when none beats *best_ms (in: the time to beat; out: the winner's).
+  // Leaves no error of a refused launch behind for the next launcher's check.
+  template <typename Launch>
+  int Fastest(int count, const Launch& launch, float* best_ms) {
+    int best = -1;
+    for (int i = 0; i < count; ++i) {
+      if (!launch(i)) continue;
+      const float ms = BestMsPerCall([&] { launch(i); });
+      if (ms >= 0 && ms < *best_ms) {
+        *best_ms = ms;
+        best = i;
+      }
+    }
+    cudaGetLastError();
+    return best;
+  }
+
  private:
   static constexpr int kTrials = 2;
   static constexpr int kRepeats = 8;
