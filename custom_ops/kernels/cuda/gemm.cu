@@ -166,12 +166,15 @@ const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
   return cutlass_gemm::Runners(epilogue == Epilogue::kBias ? cutlass_gemm::Fused::kBias : cutlass_gemm::Fused::kNone);
 }
 
-// The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1. Timed (cublas_ms >= 0, cuBLASLt's best
-// time): the fastest runner that beats it. Untimed: the small tile where cutlass_gemm::SmallTileByDefault.
+// The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1: only for up to kSmallGemmMaxTokens rows
+// (see there). Timed (cublas_ms >= 0, cuBLASLt's best time): the fastest runner that beats it. Untimed: the small
+// tile where cutlass_gemm::SmallTileByDefault.
 int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue epilogue,
                         const Operands& o, float cublas_ms) {
   const cutlass_gemm::Problem p = CutlassProblem(context, o, m, n, k);
-  if (!context->options.custom_gemms || !cutlass_gemm::Supports(p)) return -1;
+  if (!context->options.custom_gemms || !cutlass_gemm::Supports(p) || m > cutlass_gemm::kSmallGemmMaxTokens) {
+    return -1;
+  }
   if (cublas_ms < 0) return cutlass_gemm::SmallTileByDefault(p) ? 0 : -1;
   const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
   return GpuTimer(o.stream).Fastest(

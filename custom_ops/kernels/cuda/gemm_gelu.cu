@@ -54,12 +54,18 @@ bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, c
 }
 
 // The fastest candidate on these operands (queued on the caller's stream; waits for the device).
-// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan.
+// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan. The small
+// tile (plan 0) is a candidate only up to kSmallGemmMaxTokens rows, as for the plain GEMMs.
 int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
   float best_ms = 1e30f;
   const int best = GpuTimer(stream).Fastest(
       static_cast<int>(AllRunners().size()) + 1,
-      [&](int i) { return Launch(context, i - 1, p, workspace, stream); }, &best_ms);
+      [&](int i) {
+        const int plan = i - 1;
+        if (plan == 0 && p.m > cutlass_gemm::kSmallGemmMaxTokens) return false;
+        return Launch(context, plan, p, workspace, stream);
+      },
+      &best_ms);
   return best < 0 ? kGemmPlusPass : best - 1;
 }
 
