@@ -14,16 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/probe_check.h"
 #include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e = (x);                                                               \
-    if (e != cudaSuccess) {                                                            \
-      printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                 \
-      exit(1);                                                                         \
-    }                                                                                  \
-  } while (0)
 
 namespace gemm_probe {
 

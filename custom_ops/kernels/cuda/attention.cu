@@ -102,19 +102,35 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
 
   constexpr int kVecsPerRow = D / 8;
   const int64_t row_stride = 3ll * hidden;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < padded_len * kVecsPerRow; i += blockDim.x) {
-    const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * 8;
-    uint4 q = make_uint4(0, 0, 0, 0), k = q, v = q;
-    if (r < len) {
+  // kChunk 16-byte vectors of Q, K and V per thread are loaded before any is stored, from row min(r, len - 1)
+  // (no branch between the loads, so they are in flight together; rows past len are stored as zeros): in a loop
+  // that stored each vector before loading the next, every vector cost an L2 round trip (log, step 32).
+  constexpr int kChunk = 4;
+  const int vecs = padded_len * kVecsPerRow;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int base = threadIdx.x; base < vecs; base += kChunk * blockDim.x) {
+    uint4 q[kChunk], k[kChunk], v[kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      const int i = min(base + j * static_cast<int>(blockDim.x), vecs - 1);
+      const int r = min(i / kVecsPerRow, len - 1), c = (i % kVecsPerRow) * 8;
       const __half* src = qkv + (begin + r) * row_stride + head * D + c;
-      if (!kFirstQuery || r < 16) q = *reinterpret_cast<const uint4*>(src);  // first-query mode: one m16 tile
-      k = *reinterpret_cast<const uint4*>(src + hidden);
-      v = *reinterpret_cast<const uint4*>(src + 2 * hidden);
+      q[j] = *reinterpret_cast<const uint4*>(src);
+      k[j] = *reinterpret_cast<const uint4*>(src + hidden);
+      v[j] = *reinterpret_cast<const uint4*>(src + 2 * hidden);
     }
-    *reinterpret_cast<uint4*>(q_s + r * kLd + c) = q;
-    *reinterpret_cast<uint4*>(k_s + r * kLd + c) = k;
-    *reinterpret_cast<uint4*>(v_s + r * kLd + c) = v;
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      const int i = base + j * blockDim.x;
+      if (i < vecs) {
+        const int r = i / kVecsPerRow, c = (i % kVecsPerRow) * 8;
+        const bool real = r < len;
+        // First-query mode: one m16 tile of queries.
+        *reinterpret_cast<uint4*>(q_s + r * kLd + c) = real && (!kFirstQuery || r < 16) ? q[j] : zero;
+        *reinterpret_cast<uint4*>(k_s + r * kLd + c) = real ? k[j] : zero;
+        *reinterpret_cast<uint4*>(v_s + r * kLd + c) = real ? v[j] : zero;
+      }
+    }
   }
   __syncthreads();
   const int q0 = warp * 16;

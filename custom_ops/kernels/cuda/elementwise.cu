@@ -10,22 +10,37 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpsPerBlock * 32;
 
+// Pair i of a lane's kPairs (columns 2q, 2q + 1 with q = i * 32 + lane), clamped into the row: the row kernels
+// load every pair unconditionally, so that all of a lane's loads are in flight at once. Behind a branch per pair,
+// each pair's loads and sums waited for the pair before (one L2 round trip per pair, 12 at hidden 768).
+__device__ __forceinline__ int PairInRow(int i, int lane, int width) { return min(i * 32 + lane, width / 2 - 1); }
+
+// The clamped pairs' values are duplicates: zero, so that the statistics see each column once.
+template <int kPairs>
+__device__ __forceinline__ void ZeroPairsPastWidth(float2 (&v)[kPairs], int lane, int width) {
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    if (2 * (i * 32 + lane) >= width) v[i] = make_float2(0.f, 0.f);
+  }
+}
+
 // LayerNorm of one row held as kPairs float2 per lane (pair i of lane l is columns 2*(i*32+l), +1); columns
-// past `width` are zero and excluded. Two passes over registers: mean, then centred variance.
+// past `width` are zero and excluded. Two passes over registers: mean, then centred variance. gamma and beta are
+// loaded first, unconditionally (clamped pairs) and unconverted, so that their loads are in flight together and
+// overlap the reductions: behind a branch per pair, or converted to float at once, the compiler issued them one
+// pair at a time (log, step 32).
 template <typename T, int kPairs>
 __device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int lane, int width, const T* gamma,
                                                         const T* beta, float epsilon, T* out) {
   using V = Vec2<T>;
   const auto* g2 = reinterpret_cast<const typename V::type*>(gamma);
   const auto* b2 = reinterpret_cast<const typename V::type*>(beta);
-  float2 g[kPairs], b[kPairs];  // issued before the reductions so their latency overlaps them
+  typename V::type g[kPairs], b[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int p = i * 32 + lane;
-    if (2 * p < width) {
-      g[i] = V::ToFloat2(g2[p]);
-      b[i] = V::ToFloat2(b2[p]);
-    }
+    const int q = PairInRow(i, lane, width);
+    g[i] = g2[q];
+    b[i] = b2[q];
   }
   float sum = 0.f;
 #pragma unroll
@@ -46,8 +61,8 @@ __device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int
   for (int i = 0; i < kPairs; ++i) {
     const int p = i * 32 + lane;
     if (2 * p < width) {
-      o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * g[i].x + b[i].x,
-                                        (v[i].y - mean) * rstd * g[i].y + b[i].y));
+      const float2 gi = V::ToFloat2(g[i]), bi = V::ToFloat2(b[i]);
+      o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * gi.x + bi.x, (v[i].y - mean) * rstd * gi.y + bi.y));
     }
   }
 }
@@ -74,13 +89,11 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
   float2 v[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int q = i * 32 + lane;
-    v[i] = make_float2(0.f, 0.f);
-    if (2 * q < width) {
-      const float2 a = V::ToFloat2(w2[q]), c = V::ToFloat2(p2[q]), d = V::ToFloat2(s2[q]);
-      v[i] = make_float2(a.x + c.x + d.x, a.y + c.y + d.y);
-    }
+    const int q = PairInRow(i, lane, width);
+    const float2 a = V::ToFloat2(w2[q]), c = V::ToFloat2(p2[q]), d = V::ToFloat2(s2[q]);
+    v[i] = make_float2(a.x + c.x + d.x, a.y + c.y + d.y);
   }
+  ZeroPairsPastWidth(v, lane, width);
   LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, out + static_cast<int64_t>(t) * width);
 }
 
@@ -104,13 +117,11 @@ __global__ void __launch_bounds__(kThreads)
   float2 v[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int q = i * 32 + lane;
-    v[i] = make_float2(0.f, 0.f);
-    if (2 * q < width) {
-      const float2 a = V::ToFloat2(x2[q]), b = V::ToFloat2(bias2[q]), r = V::ToFloat2(h2[q]);
-      v[i] = make_float2(a.x + b.x + r.x, a.y + b.y + r.y);
-    }
+    const int q = PairInRow(i, lane, width);
+    const float2 a = V::ToFloat2(x2[q]), b = V::ToFloat2(bias2[q]), r = V::ToFloat2(h2[q]);
+    v[i] = make_float2(a.x + b.x + r.x, a.y + b.y + r.y);
   }
+  ZeroPairsPastWidth(v, lane, width);
   LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, hidden + static_cast<int64_t>(t) * width);
 }
 
@@ -130,8 +141,8 @@ void DispatchPairs(int64_t width, const Launch& launch) {
 }
 
 void CheckWidth(int64_t width) {
-  if (width % 2 != 0 || width > kMaxLayerNormHidden) {
-    throw std::runtime_error("the CUDA core needs an even hidden size <= " + std::to_string(kMaxLayerNormHidden) +
+  if (width <= 0 || width % 2 != 0 || width > kMaxLayerNormHidden) {
+    throw std::runtime_error("the CUDA core needs an even hidden size in 2.." + std::to_string(kMaxLayerNormHidden) +
                              ", got " + std::to_string(width));
   }
 }
@@ -237,10 +248,27 @@ __global__ void __launch_bounds__(kThreads)
   const int b = blockIdx.x;
   const float* row = pooled + static_cast<int64_t>(b) * width;
   float logit0 = 0.f, logit1 = 0.f;
-  for (int c = threadIdx.x; c < width; c += kThreads) {
-    const float p = tanhf(row[c] + ToFloat(pooler_bias[c]));
-    logit0 += p * ToFloat(classifier_kernel[c * num_labels]);
-    if (num_labels == 2) logit1 += p * ToFloat(classifier_kernel[c * num_labels + 1]);
+  // kChunk columns per thread loaded before any is used, from column min(c, width - 1) (no branch between the
+  // loads, so they are in flight together; as in the LayerNorm kernels).
+  constexpr int kChunk = 4;
+  for (int base = threadIdx.x; base < width; base += kChunk * kThreads) {
+    float pooled_c[kChunk], bias_c[kChunk], w0[kChunk], w1[kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      const int c = min(base + j * kThreads, width - 1);
+      pooled_c[j] = row[c];
+      bias_c[j] = ToFloat(pooler_bias[c]);
+      w0[j] = ToFloat(classifier_kernel[c * num_labels]);
+      w1[j] = ToFloat(classifier_kernel[c * num_labels + num_labels - 1]);
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (base + j * kThreads < width) {
+        const float p = tanhf(pooled_c[j] + bias_c[j]);
+        logit0 += p * w0[j];
+        logit1 += p * w1[j];  // label 1's weight with two labels; unused with one
+      }
+    }
   }
   logit0 = WarpSum(logit0);
   logit1 = WarpSum(logit1);
