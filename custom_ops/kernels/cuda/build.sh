@@ -31,7 +31,7 @@ mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
 pids=()
 core_objs=()
-for src in cutlass_gemm_gelu cutlass_gemm_plain gemm_gelu gemm elementwise attention encoder \
+for src in cutlass_gemm_gelu cutlass_gemm_plain cutlass_gemm_partials gemm_gelu gemm_ksplit gemm elementwise attention encoder \
     ranker_c_api; do
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills "${cutlass_flags[@]}" \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &

@@ -9,6 +9,7 @@
 #ifndef BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
 #define BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
 
+#include <type_traits>
 #include <vector>
 
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -64,6 +65,10 @@ template <>
 struct FusionOf<Fused::kBiasGelu> {
   using type = cutlass::epilogue::fusion::LinCombPerRowBiasEltAct<BertGelu, Half, float, Half, Half, float>;
 };
+template <>
+struct FusionOf<Fused::kFp32Partials> {
+  using type = cutlass::epilogue::fusion::LinearCombination<float, float, float, float>;
+};
 
 // The kernel schedules the tables use: cooperative (two consumer warp groups share a tile) or ping-pong (each
 // consumer warp group owns a tile, its epilogue overlapping the other's main loop).
@@ -72,18 +77,22 @@ using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
 using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 
-// The FFN GEMM + GELU's tables (cutlass_gemm_gelu.cu), which Runners (cutlass_gemm_plain.cu) hands out.
+// The FFN GEMM + GELU's and the k-split partial products' tables (cutlass_gemm_gelu.cu,
+// cutlass_gemm_partials.cu), which Runners (cutlass_gemm_plain.cu) hands out.
 const std::vector<Runner>& GeluRunners();
+const std::vector<Runner>& PartialsRunners();
 
 template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule>
 struct Kernel {
   using Layout = cutlass::layout::ColumnMajor;
   static constexpr int kAlign = 8;  // 16 bytes of fp16: TMA's requirement on every leading dimension
+  using Out = std::conditional_t<F == Fused::kFp32Partials, float, Half>;
+  static constexpr int kAlignOut = 16 / sizeof(Out);
   using Fusion = typename FusionOf<F>::type;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlign, Half, Layout, kAlign,
-      EpilogueSchedule, Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignOut, Out, Layout,
+      kAlignOut, EpilogueSchedule, Fusion>::CollectiveOp;
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Half, Layout, kAlign, Half, Layout, kAlign, float,
       TileShape, ClusterShape,
@@ -94,21 +103,27 @@ struct Kernel {
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
+  // A k split is a batch of L = k_splits GEMMs over k / L: W's slices are consecutive blocks of rows (A's packed
+  // batch stride), X's are column blocks of its rows (B keeps X's full row pitch k, batch stride k / L), and the
+  // partial products are consecutive [m, n] blocks of Y.
   static typename Gemm::Arguments Arguments(const Problem& p) {
     using GK = typename Gemm::GemmKernel;
-    const int M = static_cast<int>(p.n), N = static_cast<int>(p.m), K = static_cast<int>(p.k);
+    const int M = static_cast<int>(p.n), N = static_cast<int>(p.m), L = p.k_splits;
+    const int K = static_cast<int>(p.k) / L;
     typename Gemm::Arguments args{};
-    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-    args.problem_shape = {M, N, K, 1};
+    args.mode = L == 1 ? cutlass::gemm::GemmUniversalMode::kGemm : cutlass::gemm::GemmUniversalMode::kBatched;
+    args.problem_shape = {M, N, K, L};
     args.mainloop.ptr_A = reinterpret_cast<const Half*>(p.w);
-    args.mainloop.dA = cutlass::make_cute_packed_stride(typename GK::StrideA{}, cute::make_shape(M, K, 1));
+    args.mainloop.dA = cutlass::make_cute_packed_stride(typename GK::StrideA{}, cute::make_shape(M, K, L));
     args.mainloop.ptr_B = reinterpret_cast<const Half*>(p.x);
-    args.mainloop.dB = cutlass::make_cute_packed_stride(typename GK::StrideB{}, cute::make_shape(N, K, 1));
-    args.epilogue.ptr_D = reinterpret_cast<Half*>(p.y);
-    args.epilogue.dD = cutlass::make_cute_packed_stride(typename GK::StrideD{}, cute::make_shape(M, N, 1));
+    args.mainloop.dB = cutlass::make_cute_packed_stride(typename GK::StrideB{}, cute::make_shape(N, K, L));
+    cute::get<0>(args.mainloop.dB) = p.k;
+    cute::get<2>(args.mainloop.dB) = K;
+    args.epilogue.ptr_D = reinterpret_cast<Out*>(p.y);
+    args.epilogue.dD = cutlass::make_cute_packed_stride(typename GK::StrideD{}, cute::make_shape(M, N, L));
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    if constexpr (F != Fused::kNone) args.epilogue.thread.bias_ptr = reinterpret_cast<const Half*>(p.bias);
+    if constexpr (F == Fused::kBias || F == Fused::kBiasGelu) args.epilogue.thread.bias_ptr = reinterpret_cast<const Half*>(p.bias);
     args.hw_info.sm_count = p.sm_count;
     return args;
   }
@@ -124,6 +139,24 @@ struct Kernel {
     return gemm.run(stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/p.m <= kChainMaxTokens);
   }
 };
+
+// The tile configurations of the GEMMs without GELU, CUTLASS M x N x K = features x tokens x k: the three that
+// beat or matched cuBLASLt somewhere from 32 to 736 tokens on the H200 once launched as programmatic dependents
+// (bench/gpu/gemm_probe.cu, log step 31). Instantiated for the plain epilogues (cutlass_gemm_plain.cu) and for
+// the k-split partial products (cutlass_gemm_partials.cu).
+template <Fused F>
+const std::vector<Runner>& PlainRunners() {
+  using namespace cute;
+  using Small = Kernel<F, Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
+  using Narrow = Kernel<F, Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
+  using Square = Kernel<F, Shape<_128, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>;
+  static const std::vector<Runner> runners = {
+      {"ping-pong 64x64x64", &Small::Run},
+      {"ping-pong 64x128x64", &Narrow::Run},
+      {"cooperative 128x128x64", &Square::Run},
+  };
+  return runners;
+}
 
 }  // namespace cutlass_gemm
 }  // namespace cuda

@@ -27,17 +27,20 @@ namespace cutlass_gemm {
 // blocks launched early beside the kernel before them made the sustained forward ~4 % slower (log, step 31).
 constexpr int64_t kChainMaxTokens = 4096;
 
-// What the epilogue applies to the fp32 accumulators before the one rounding to fp16.
-enum class Fused { kNone, kBias, kBiasGelu };
+// What the epilogue applies to the fp32 accumulators before the one rounding to fp16; kFp32Partials: nothing, and
+// the output is fp32, one [m, n] partial product per slice of k (Problem::k_splits) for a LayerNorm to sum.
+enum class Fused { kNone, kBias, kBiasGelu, kFp32Partials };
 
-// One call: device pointers and our row-major shape, Y[m, n] = X[m, k] @ W[k, n] (+ bias[n], GELU).
+// One call: device pointers and our row-major shape, Y[m, n] = X[m, k] @ W[k, n] (+ bias[n], GELU). With k_splits
+// S > 1 (Fused::kFp32Partials only), y is [S, m, n] fp32: y[s] = X[:, s-th k / S columns] @ W[s-th k / S rows, :].
 struct Problem {
   const __half* x;
   const __half* w;
-  const __half* bias;  // ignored for Fused::kNone
-  __half* y;
+  const __half* bias;  // ignored for Fused::kNone and kFp32Partials
+  void* y;             // __half, or float for Fused::kFp32Partials
   int64_t m, n, k;
   int sm_count;
+  int k_splits = 1;
 };
 
 // A compiled tile configuration.
@@ -59,7 +62,8 @@ const std::vector<Runner>& Runners(Fused fused);
 constexpr int64_t kSmallGemmMaxTokens = 256;
 inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
 
-// Whether CUTLASS's TMA can take these operands: n and k multiples of 8, every pointer 16-byte aligned.
+// Whether CUTLASS's TMA can take these operands: n and k / k_splits multiples of 8, k_splits dividing k, every
+// pointer 16-byte aligned.
 bool Supports(const Problem& p);
 
 }  // namespace cutlass_gemm

@@ -97,13 +97,17 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
   LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, out + static_cast<int64_t>(t) * width);
 }
 
-template <typename T, int kPairs>
+// x is kParts [num_tokens, width] blocks part_stride elements apart, summed in fp32: the GEMM output (TX = T, one
+// part) or a k split's fp32 partial products (GemmKSplit).
+template <typename T, int kPairs, typename TX, int kParts>
 __global__ void __launch_bounds__(kThreads)
-    ResidualLayerNormKernel(const T* __restrict__ x, const T* __restrict__ bias, const T* __restrict__ gamma,
-                            const T* __restrict__ beta, int num_tokens, int width, float epsilon, T* __restrict__ hidden,
+    ResidualLayerNormKernel(const TX* __restrict__ x, int64_t part_stride, const T* __restrict__ bias,
+                            const T* __restrict__ gamma, const T* __restrict__ beta, int num_tokens, int width,
+                            float epsilon, T* __restrict__ hidden,
                             const int32_t* __restrict__ zero_rows_without_tokens) {
   JoinLaunchChain();
   using V = Vec2<T>;
+  using VX = Vec2<TX>;
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (t >= num_tokens) return;
@@ -111,14 +115,20 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = lane; c < width; c += 32) hidden[static_cast<int64_t>(t) * width + c] = FromFloat<T>(0.f);
     return;
   }
-  const auto* x2 = reinterpret_cast<const typename V::type*>(x + static_cast<int64_t>(t) * width);
+  const auto* x2 = reinterpret_cast<const typename VX::type*>(x + static_cast<int64_t>(t) * width);
   const auto* h2 = reinterpret_cast<const typename V::type*>(hidden + static_cast<int64_t>(t) * width);
   const auto* bias2 = reinterpret_cast<const typename V::type*>(bias);
   float2 v[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
     const int q = PairInRow(i, lane, width);
-    const float2 a = V::ToFloat2(x2[q]), b = V::ToFloat2(bias2[q]), r = V::ToFloat2(h2[q]);
+    float2 a = VX::ToFloat2(x2[q]);
+#pragma unroll
+    for (int s = 1; s < kParts; ++s) {
+      const float2 part = VX::ToFloat2(x2[s * part_stride / 2 + q]);
+      a = make_float2(a.x + part.x, a.y + part.y);
+    }
+    const float2 b = V::ToFloat2(bias2[q]), r = V::ToFloat2(h2[q]);
     v[i] = make_float2(a.x + b.x + r.x, a.y + b.y + r.y);
   }
   ZeroPairsPastWidth(v, lane, width);
@@ -308,15 +318,50 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
   });
 }
 
-template <typename T>
-void LaunchResidualLayerNorm(const T* x, const T* bias, const T* gamma, const T* beta, int64_t rows, int64_t width,
-                             float epsilon, T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens) {
+namespace {
+
+template <typename T, typename TX, int kParts>
+void LaunchResidualLayerNormOfParts(const TX* x, int64_t part_stride, const T* bias, const T* gamma, const T* beta,
+                                    int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
+                                    const int32_t* zero_rows_without_tokens) {
   CheckWidth(width);
   if (rows == 0) return;
   DispatchPairs(width, [&]<int kPairs>() {
-    LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs>, WarpBlocks(rows), kThreads,
-                           0, stream, x, bias, gamma, beta, rows, width, epsilon, hidden, zero_rows_without_tokens);
+    LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs, TX, kParts>,
+                           WarpBlocks(rows), kThreads, 0, stream, x, part_stride, bias, gamma, beta, rows, width,
+                           epsilon, hidden, zero_rows_without_tokens);
   });
+}
+
+}  // namespace
+
+template <typename T>
+void LaunchResidualLayerNorm(const T* x, const T* bias, const T* gamma, const T* beta, int64_t rows, int64_t width,
+                             float epsilon, T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens) {
+  LaunchResidualLayerNormOfParts<T, T, 1>(x, 0, bias, gamma, beta, rows, width, epsilon, hidden, stream,
+                                          zero_rows_without_tokens);
+}
+
+template <typename T>
+void LaunchPartialsResidualLayerNorm(const float* partials, int parts, const T* bias, const T* gamma, const T* beta,
+                                     int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
+                                     const int32_t* zero_rows_without_tokens) {
+  auto launch = [&]<int kParts>() {
+    LaunchResidualLayerNormOfParts<T, float, kParts>(partials, rows * width, bias, gamma, beta, rows, width, epsilon,
+                                                     hidden, stream, zero_rows_without_tokens);
+  };
+  switch (parts) {
+    case 1:
+      return launch.template operator()<1>();
+    case 2:
+      return launch.template operator()<2>();
+    case 3:
+      return launch.template operator()<3>();
+    case 4:
+      return launch.template operator()<4>();
+    default:
+      throw std::runtime_error("no LayerNorm kernel sums " + std::to_string(parts) + " partial products");
+  }
 }
 
 namespace {
@@ -395,6 +440,8 @@ void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classi
 
 BERTSERVE_INSTANTIATE_ELEMENTWISE(__half)
 BERTSERVE_INSTANTIATE_ELEMENTWISE(float)
+template void LaunchPartialsResidualLayerNorm<__half>(const float*, int, const __half*, const __half*, const __half*,
+                                                      int64_t, int64_t, float, __half*, cudaStream_t, const int32_t*);
 
 }  // namespace cuda
 }  // namespace bertserve

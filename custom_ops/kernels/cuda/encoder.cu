@@ -22,6 +22,13 @@ constexpr int64_t kAlignment = 256;
 
 int64_t Aligned(int64_t bytes) { return CeilDiv(bytes, kAlignment) * kAlignment; }
 
+// GemmKSplit's partial products, fp16 encoders only.
+template <typename T>
+int64_t PartialsBytes(const EncoderDims& dims, int64_t rows) {
+  if (!std::is_same_v<T, __half> && !std::is_same_v<T, fp16>) return 0;
+  return kMaxKSplits * std::min(rows, kKSplitMaxTokens) * dims.hidden * static_cast<int64_t>(sizeof(float));
+}
+
 // Carves the caller's workspace into the encoder's buffers, in the order EncoderWorkspaceBytes counts them.
 template <typename T>
 struct EncoderBuffers {
@@ -30,6 +37,7 @@ struct EncoderBuffers {
   T* context;  // [N, H]
   T* dense;    // [N, H]: a GEMM output before residual + LayerNorm
   T* ffn;      // [N, I]
+  float* partials;  // fp16: [kMaxKSplits, min(N, kKSplitMaxTokens), H], GemmKSplit's partial products
 
   EncoderBuffers(const EncoderDims& dims, int64_t tokens, void* workspace) {
     auto* p = static_cast<unsigned char*>(workspace);
@@ -43,6 +51,7 @@ struct EncoderBuffers {
     context = static_cast<T*>(take(tokens * dims.hidden * sizeof(T)));
     dense = static_cast<T*>(take(tokens * dims.hidden * sizeof(T)));
     ffn = static_cast<T*>(take(tokens * dims.intermediate * sizeof(T)));
+    partials = static_cast<float*>(take(PartialsBytes<T>(dims, tokens)));
   }
 };
 
@@ -88,7 +97,8 @@ template <typename T>
 int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens, int64_t max_batch) {
   const int64_t element = sizeof(T), rows = std::max(max_tokens, max_batch);
   return Aligned(kGemmWorkspaceBytes) + Aligned(rows * 3 * dims.hidden * element) +
-         2 * Aligned(rows * dims.hidden * element) + Aligned(rows * dims.intermediate * element);
+         2 * Aligned(rows * dims.hidden * element) + Aligned(rows * dims.intermediate * element) +
+         Aligned(PartialsBytes<T>(dims, rows));
 }
 
 template <typename T>
@@ -114,6 +124,30 @@ void QkvGemm(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatc
              Epilogue::kBias, buf.gemm_workspace, stream);
 }
 
+// x = LayerNorm(in @ weight + bias + x) over `rows` rows: in fp16 with custom GEMMs as k-split partial products
+// that the LayerNorm sums where GemmKSplit plans them, else the GEMM into buf.dense, then the LayerNorm.
+template <typename D>
+void GemmResidualLayerNorm(const EncoderDims& dims, const D* in, const D* weight, int64_t k_in, const D* bias,
+                           const D* gamma, const D* beta, int64_t rows, const EncoderBuffers<D>& buf,
+                           bool custom_gemms, D* x, GemmContext* context, void* stream,
+                           const int32_t* zero_rows_without_tokens) {
+  const int64_t h = dims.hidden;
+  const cudaStream_t s = AsStream(stream);
+  if constexpr (std::is_same_v<D, __half>) {
+    const int parts =
+        custom_gemms ? GemmKSplit(context, in, weight, buf.partials, rows, h, k_in, buf.gemm_workspace, stream) : 0;
+    if (parts > 0) {
+      LaunchPartialsResidualLayerNorm<D>(buf.partials, parts, bias, gamma, beta, rows, h, dims.layer_norm_epsilon, x,
+                                         s, zero_rows_without_tokens);
+      return;
+    }
+  }
+  // The bias is left to the LayerNorm, which adds it in fp32.
+  Gemm<D, D>(context, in, weight, nullptr, buf.dense, rows, h, k_in, Epilogue::kNone, buf.gemm_workspace, stream);
+  LaunchResidualLayerNorm<D>(buf.dense, bias, gamma, beta, rows, h, dims.layer_norm_epsilon, x, s,
+                             zero_rows_without_tokens);
+}
+
 // The layer after its attention, on `rows` rows of buf.context (attention output) and x (the layer's input,
 // overwritten with its output): attention-output GEMM + bias + residual + LayerNorm, FFN GEMM + bias + GELU,
 // FFN-output GEMM + bias + residual + LayerNorm. zero_rows_without_tokens: see LaunchResidualLayerNorm.
@@ -122,26 +156,21 @@ void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t r
                     bool custom_gemms, D* x, GemmContext* context, void* stream,
                     const int32_t* zero_rows_without_tokens = nullptr) {
   const int64_t h = dims.hidden, inter = dims.intermediate;
-  const cudaStream_t s = AsStream(stream);
-  // The attention-output and FFN GEMMs leave their bias to the pass after them, which adds it in fp32.
-  auto gemm = [&](const D* in, const D* weight, D* out, int64_t n_out, int64_t k_in) {
-    Gemm<D, D>(context, in, weight, nullptr, out, rows, n_out, k_in, Epilogue::kNone, buf.gemm_workspace, stream);
-  };
-  gemm(buf.context, w.attention_output_kernel, buf.dense, h, h);
-  LaunchResidualLayerNorm<D>(buf.dense, w.attention_output_bias, w.attention_ln_gamma, w.attention_ln_beta, rows, h,
-                             dims.layer_norm_epsilon, x, s);
+  GemmResidualLayerNorm<D>(dims, buf.context, w.attention_output_kernel, h, w.attention_output_bias,
+                           w.attention_ln_gamma, w.attention_ln_beta, rows, buf, custom_gemms, x, context, stream,
+                           nullptr);
   if (custom_gemms) {  // fp16 only (UsesCustomGemms)
     if constexpr (std::is_same_v<D, __half>) {
       GemmBiasGelu(context, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, rows, inter, h,
                    buf.gemm_workspace, stream);
     }
   } else {
-    gemm(x, w.intermediate_kernel, buf.ffn, inter, h);
-    LaunchBiasGelu<D>(buf.ffn, w.intermediate_bias, rows, inter, s);
+    Gemm<D, D>(context, x, w.intermediate_kernel, nullptr, buf.ffn, rows, inter, h, Epilogue::kNone,
+               buf.gemm_workspace, stream);
+    LaunchBiasGelu<D>(buf.ffn, w.intermediate_bias, rows, inter, AsStream(stream));
   }
-  gemm(buf.ffn, w.output_kernel, buf.dense, h, inter);
-  LaunchResidualLayerNorm<D>(buf.dense, w.output_bias, w.output_ln_gamma, w.output_ln_beta, rows, h,
-                             dims.layer_norm_epsilon, x, s, zero_rows_without_tokens);
+  GemmResidualLayerNorm<D>(dims, buf.ffn, w.output_kernel, inter, w.output_bias, w.output_ln_gamma,
+                           w.output_ln_beta, rows, buf, custom_gemms, x, context, stream, zero_rows_without_tokens);
 }
 
 template <typename D>

@@ -79,6 +79,7 @@ struct GemmContext {
   std::mutex mutex;  // plans are shared; the bias pointer is set per call, so calls are serialised on the host
   std::map<PlanKey, Plan> plans;
   GeluPlans gelu_plans;
+  KSplitPlans ksplit_plans;
 };
 
 GemmContext* CreateGemmContext(const GemmOptions& options) {
@@ -113,6 +114,8 @@ const GemmOptions& OptionsOf(const GemmContext* context) { return context->optio
 std::mutex& PlanMutex(GemmContext* context) { return context->mutex; }
 
 GeluPlans& GeluPlansOf(GemmContext* context) { return context->gelu_plans; }
+
+KSplitPlans& KSplitPlansOf(GemmContext* context) { return context->ksplit_plans; }
 
 int SmCountOf(const GemmContext* context) { return context->sm_count; }
 
@@ -159,7 +162,7 @@ cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
 
 cutlass_gemm::Problem CutlassProblem(const GemmContext* context, const Operands& o, int64_t m, int64_t n, int64_t k) {
   return {static_cast<const __half*>(o.x), static_cast<const __half*>(o.w), static_cast<const __half*>(o.bias),
-          static_cast<__half*>(o.y), m, n, k, context->sm_count};
+          o.y, m, n, k, context->sm_count};
 }
 
 const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
@@ -285,7 +288,7 @@ std::string DescribeGemmPlans(GemmContext* context) {
              "\n";
     }
   }
-  return out + DescribeGeluPlans(context);
+  return out + DescribeGeluPlans(context) + DescribeKSplitPlans(context);
 }
 
 template void Gemm<__half, __half>(GemmContext*, const __half*, const __half*, const __half*, __half*, int64_t,

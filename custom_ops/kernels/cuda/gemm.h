@@ -57,7 +57,19 @@ constexpr int64_t kFusedGeluMinTokens = 4096;
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream);
 
-// One line per fp16 shape planned so far, Gemm's then GemmBiasGelu's: "m x n x k [+ epilogue]: <how it runs>",
+// Y = X @ W as fp32 partial products over S slices of k, partials[s] = X[:, s k/S : (s+1) k/S] @ W[s k/S :
+// (s+1) k/S, :] ([S, m, n]), for a residual LayerNorm to sum (LaunchPartialsResidualLayerNorm): a GEMM of a few
+// hundred rows or fewer then runs on S times the blocks of its output tiles and stays in the launch chain, where
+// cuBLASLt's split-k kernel and its reduction break it twice. Returns S, or 0 when the shape should run as Gemm
+// instead: custom_gemms off, more than kKSplitMaxTokens rows, operands CUTLASS's TMA cannot take, or (with
+// autotuning) no split timed faster than Gemm's plan; without autotuning, S = k / n where k > n (the FFN output).
+// partials holds kMaxKSplits * m * n floats.
+constexpr int kMaxKSplits = 4;
+constexpr int64_t kKSplitMaxTokens = 256;
+int GemmKSplit(GemmContext* context, const __half* x, const __half* w, float* partials, int64_t m, int64_t n,
+               int64_t k, void* gemm_workspace, void* stream);
+
+// One line per fp16 shape planned so far, Gemm's, GemmBiasGelu's, then GemmKSplit's: "m x n x k [+ epilogue]: <how it runs>",
 // for benchmarks to report.
 std::string DescribeGemmPlans(GemmContext* context);
 

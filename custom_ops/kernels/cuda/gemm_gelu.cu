@@ -46,8 +46,9 @@ int DefaultPlan(const Problem& p) {
 // Enqueues the plan; returns false when a CUTLASS configuration cannot run this shape.
 bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, cudaStream_t stream) {
   if (plan == kGemmPlusPass) {
-    Gemm<__half, __half>(context, p.x, p.w, nullptr, p.y, p.m, p.n, p.k, Epilogue::kNone, workspace, stream);
-    LaunchBiasGelu<__half>(p.y, p.bias, p.m, p.n, stream);
+    __half* y = static_cast<__half*>(p.y);
+    Gemm<__half, __half>(context, p.x, p.w, nullptr, y, p.m, p.n, p.k, Epilogue::kNone, workspace, stream);
+    LaunchBiasGelu<__half>(y, p.bias, p.m, p.n, stream);
     return true;
   }
   return AllRunners()[plan].run(p, workspace, kGemmWorkspaceBytes, stream) == cutlass::Status::kSuccess;
@@ -80,27 +81,10 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
     Launch(context, kGemmPlusPass, p, gemm_workspace, s);
     return;
   }
-  const GeluPlanKey key{m, n, k};
-  int plan = kGemmPlusPass;
-  bool planned = false;
-  {
-    std::lock_guard<std::mutex> lock(PlanMutex(context));
-    const auto it = GeluPlansOf(context).find(key);
-    if (it != GeluPlansOf(context).end()) {
-      plan = it->second;
-      planned = true;
-    }
-  }
-  if (!planned) {
-    plan = DefaultPlan(p);
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(s, &capture);
-    if (OptionsOf(context).autotune && capture == cudaStreamCaptureStatusNone) {
-      plan = FastestPlan(context, p, gemm_workspace, s);
-    }
-    std::lock_guard<std::mutex> lock(PlanMutex(context));
-    plan = GeluPlansOf(context).emplace(key, plan).first->second;
-  }
+  const ShapeKey key{m, n, k};
+  const int plan = PlanFor(
+      context, GeluPlansOf(context), key, s, [&] { return DefaultPlan(p); },
+      [&] { return FastestPlan(context, p, gemm_workspace, s); });
   if (!Launch(context, plan, p, gemm_workspace, s)) {
     // A configuration CUTLASS declines for this shape (nothing was launched): GEMM + the pass, from now on.
     cudaGetLastError();  // a refused launch must not leave its error for the next launcher's check

@@ -36,6 +36,13 @@ void LaunchResidualLayerNorm(const T* x, const T* bias, const T* gamma, const T*
                              float epsilon, T* hidden, cudaStream_t stream,
                              const int32_t* zero_rows_without_tokens = nullptr);
 
+// The same with x given as `parts` fp32 partial products [parts, rows, width] (GemmKSplit's), summed in fp32;
+// parts is 1 to kMaxKSplits (gemm.h), else std::runtime_error. fp16 only.
+template <typename T>
+void LaunchPartialsResidualLayerNorm(const float* partials, int parts, const T* bias, const T* gamma, const T* beta,
+                                     int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
+                                     const int32_t* zero_rows_without_tokens = nullptr);
+
 // Keeps the stream busy for about `cycles` GPU clocks, so that launches enqueued behind it run back to back when
 // timed: the time measured is the GPU's, not the host's launch overhead.
 void LaunchSpin(int64_t cycles, cudaStream_t stream);
