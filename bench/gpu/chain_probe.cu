@@ -52,7 +52,8 @@ __global__ void RowKernel(const __half2* in, __half2* out, int join) {
       for (int i = 0; i < kPerLane; ++i) v[i] = __half22float2(in[row * kWidth / 2 + i * 32 + lane]);
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
-        out[row * kWidth / 2 + i * 32 + lane] = __float22half2_rn(make_float2(v[i].x * 0.5f + 1.f, v[i].y * 0.5f + 1.f));
+        const float2 y = make_float2(v[i].x * 0.5f + 1.f, v[i].y * 0.5f + 1.f);
+        out[row * kWidth / 2 + i * 32 + lane] = __float22half2_rn(y);
       }
     } else {
       for (int c = lane; c < kWidth / 2; c += 32) {

@@ -123,7 +123,9 @@ struct Kernel {
     args.epilogue.dD = cutlass::make_cute_packed_stride(typename GK::StrideD{}, cute::make_shape(M, N, L));
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
-    if constexpr (F == Fused::kBias || F == Fused::kBiasGelu) args.epilogue.thread.bias_ptr = reinterpret_cast<const Half*>(p.bias);
+    if constexpr (F == Fused::kBias || F == Fused::kBiasGelu) {
+      args.epilogue.thread.bias_ptr = reinterpret_cast<const Half*>(p.bias);
+    }
     args.hw_info.sm_count = p.sm_count;
     return args;
   }

@@ -27,8 +27,8 @@ const std::vector<Runner>& Runners(Fused fused) {
 }
 
 bool Supports(const Problem& p) {
-  return p.k_splits >= 1 && p.k % p.k_splits == 0 && p.n % 8 == 0 && (p.k / p.k_splits) % 8 == 0 && Aligned16(p.x) && Aligned16(p.w) && Aligned16(p.y) &&
-         (p.bias == nullptr || Aligned16(p.bias));
+  return p.k_splits >= 1 && p.k % p.k_splits == 0 && p.n % 8 == 0 && (p.k / p.k_splits) % 8 == 0 &&
+         Aligned16(p.x) && Aligned16(p.w) && Aligned16(p.y) && (p.bias == nullptr || Aligned16(p.bias));
 }
 
 }  // namespace cutlass_gemm

@@ -69,8 +69,8 @@ constexpr int64_t kKSplitMaxTokens = 256;
 int GemmKSplit(GemmContext* context, const __half* x, const __half* w, float* partials, int64_t m, int64_t n,
                int64_t k, void* gemm_workspace, void* stream);
 
-// One line per fp16 shape planned so far, Gemm's, GemmBiasGelu's, then GemmKSplit's: "m x n x k [+ epilogue]: <how it runs>",
-// for benchmarks to report.
+// One line per fp16 shape planned so far, Gemm's, GemmBiasGelu's, then GemmKSplit's: "m x n x k [+ epilogue]: <how
+// it runs>", for benchmarks to report.
 std::string DescribeGemmPlans(GemmContext* context);
 
 }  // namespace cuda
