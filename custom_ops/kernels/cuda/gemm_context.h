@@ -54,6 +54,16 @@ typename Plans::mapped_type PlanFor(GemmContext* context, Plans& plans, const Sh
   return plans.emplace(key, plan).first->second;
 }
 
+// After the planned CUTLASS configuration refused its shape (nothing was launched): clears that launch's error, so
+// that the next launcher's check does not see it, and makes `fallback` the shape's plan from now on.
+template <typename Plans>
+void ReplaceRefusedPlan(GemmContext* context, Plans& plans, const ShapeKey& key,
+                        const typename Plans::mapped_type& fallback) {
+  cudaGetLastError();
+  std::lock_guard<std::mutex> lock(PlanMutex(context));
+  plans[key] = fallback;
+}
+
 // One line per GemmBiasGelu or GemmKSplit shape planned so far (DescribeGemmPlans' last lines).
 std::string DescribeGeluPlans(GemmContext* context);
 std::string DescribeKSplitPlans(GemmContext* context);

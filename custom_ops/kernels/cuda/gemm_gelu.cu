@@ -87,11 +87,7 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
       [&] { return FastestPlan(context, p, gemm_workspace, s); });
   if (!Launch(context, plan, p, gemm_workspace, s)) {
     // A configuration CUTLASS declines for this shape (nothing was launched): GEMM + the pass, from now on.
-    cudaGetLastError();  // a refused launch must not leave its error for the next launcher's check
-    {
-      std::lock_guard<std::mutex> lock(PlanMutex(context));
-      GeluPlansOf(context)[key] = kGemmPlusPass;
-    }
+    ReplaceRefusedPlan(context, GeluPlansOf(context), key, kGemmPlusPass);
     Launch(context, kGemmPlusPass, p, gemm_workspace, s);
   }
 }

@@ -18,8 +18,6 @@ namespace {
 
 using cutlass_gemm::Problem;
 
-constexpr int kSplitCounts[] = {2, 3, 4};  // up to kMaxKSplits
-
 const std::vector<cutlass_gemm::Runner>& AllRunners() {
   return cutlass_gemm::Runners(cutlass_gemm::Fused::kFp32Partials);
 }
@@ -54,7 +52,7 @@ bool Launch(GemmContext* context, const KSplitPlan& plan, const Problem& p, void
 KSplitPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
   std::vector<KSplitPlan> candidates = {KSplitPlan{}};
   for (int runner = 0; runner < static_cast<int>(AllRunners().size()); ++runner) {
-    for (const int splits : kSplitCounts) {
+    for (int splits = 2; splits <= kMaxKSplits; ++splits) {
       if (cutlass_gemm::Supports(WithSplits(p, splits))) candidates.push_back({runner, splits});
     }
   }
@@ -79,9 +77,7 @@ int GemmKSplit(GemmContext* context, const __half* x, const __half* w, float* pa
   if (plan.splits == 0) return 0;
   if (!Launch(context, plan, p, gemm_workspace, s)) {
     // A configuration CUTLASS declines for this shape (nothing was launched): Gemm's plan, from now on.
-    cudaGetLastError();  // a refused launch must not leave its error for the next launcher's check
-    std::lock_guard<std::mutex> lock(PlanMutex(context));
-    KSplitPlansOf(context)[key] = KSplitPlan{};
+    ReplaceRefusedPlan(context, KSplitPlansOf(context), key, KSplitPlan{});
     return 0;
   }
   return plan.splits;
