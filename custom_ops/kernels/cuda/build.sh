@@ -33,7 +33,8 @@ pids=()
 core_objs=()
 for src in cutlass_gemm_gelu cutlass_gemm_plain cutlass_gemm_partials gemm_gelu gemm_ksplit gemm elementwise attention encoder \
     ranker_c_api; do
-  "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC -Xptxas -warn-spills "${cutlass_flags[@]}" \
+  "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC,-fvisibility=hidden -Xptxas -warn-spills \
+    "${cutlass_flags[@]}" \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &
   pids+=($!)
   [[ $src == ranker_c_api ]] || core_objs+=("$out/$src.o")

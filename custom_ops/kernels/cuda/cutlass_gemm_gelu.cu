@@ -1,5 +1,5 @@
-// The FFN GEMM + GELU's tile configurations (CUTLASS M x N x K = features x tokens x k): a small ping-pong tile
-// for a few hundred tokens, wide cooperative and ping-pong tiles with 2-block clusters for thousands (each
+// The FFN GEMM + GELU's tile configurations (CUTLASS M x N x K = features x tokens x k): the two small ping-pong
+// tiles for a few hundred tokens, wide cooperative and ping-pong tiles with 2-block clusters for thousands (each
 // ping-pong consumer warp group owns a tile, so one group's GELU epilogue overlaps the other's main loop).
 #include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
 
@@ -10,7 +10,6 @@ namespace cutlass_gemm {
 const std::vector<Runner>& GeluRunners() {
   using namespace cute;
   constexpr Fused F = Fused::kBiasGelu;
-  using Small = Kernel<F, Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
   using Wide = Kernel<F, Shape<_128, _256, _64>, Shape<_2, _1, _1>, Cooperative, CooperativeEpilogue>;
   using Tall = Kernel<F, Shape<_256, _128, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue>;
   using Square = Kernel<F, Shape<_128, _128, _64>, Shape<_2, _1, _1>, Cooperative, CooperativeEpilogue>;
@@ -18,7 +17,8 @@ const std::vector<Runner>& GeluRunners() {
   using PingpongSquare = Kernel<F, Shape<_128, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   using PingpongNarrow = Kernel<F, Shape<_64, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   static const std::vector<Runner> runners = {
-      {"ping-pong 64x64x64", &Small::Run},
+      {"ping-pong 64x64x64", &SmallTileKernel<F>::Run},
+      {"ping-pong 64x32x128", &NarrowTileKernel<F>::Run},
       {"cooperative 128x256x64 cluster 2x1", &Wide::Run},
       {"cooperative 256x128x64 cluster 1x2", &Tall::Run},
       {"cooperative 128x128x64 cluster 2x1", &Square::Run},

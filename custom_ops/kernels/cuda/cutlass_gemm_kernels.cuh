@@ -9,6 +9,7 @@
 #ifndef BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
 #define BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
 
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -82,6 +83,45 @@ using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 const std::vector<Runner>& GeluRunners();
 const std::vector<Runner>& PartialsRunners();
 
+// A CUTLASS sm90 GEMM kernel whose blocks first ask L2 for the weights (the A operand, W^T), each block an even
+// share of them whatever tiles it then owns, before the kernel's programmatic-launch wait: the weights do not
+// depend on the kernel before, so their DRAM reads overlap it instead of following it. Only for launches in the
+// chain (up to kChainMaxTokens rows); the bulk prefetches are issued by one thread and not waited for.
+template <class Base>
+struct WeightPrefetching : Base {
+  struct Params : Base::Params {
+    const char* weights = nullptr;
+    uint64_t weight_bytes = 0;  // 0: no prefetch
+  };
+
+  static Params to_underlying_arguments(const typename Base::Arguments& args, void* workspace) {
+    Params params{Base::to_underlying_arguments(args, workspace)};
+    const auto [m, n, k, l] = args.problem_shape;  // CUTLASS's M x N x K x batch: features x tokens x k x slices
+    if (n <= kChainMaxTokens) {
+      params.weights = reinterpret_cast<const char*>(args.mainloop.ptr_A);
+      params.weight_bytes = static_cast<uint64_t>(m) * k * l * sizeof(Half);
+    }
+    return params;
+  }
+
+  CUTLASS_DEVICE void operator()(const Params& params, char* smem) {
+    if (params.weight_bytes != 0 && threadIdx.x == 0) {
+      const uint64_t blocks = uint64_t{gridDim.x} * gridDim.y * gridDim.z;
+      const uint64_t block = blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + uint64_t{gridDim.y} * blockIdx.z);
+      const uint64_t share = (params.weight_bytes / blocks + 255) & ~uint64_t{255};
+      const uint64_t begin = block * share;
+      const uint64_t end = begin + share < params.weight_bytes ? begin + share : params.weight_bytes;
+      constexpr uint64_t kPiece = 16384;  // bytes per bulk prefetch (a multiple of 16, as the TMA requires)
+      for (uint64_t at = begin; at < end; at += kPiece) {
+        const uint32_t bytes = static_cast<uint32_t>(((end - at < kPiece ? end - at : kPiece) + 15) & ~uint64_t{15});
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(params.weights + at), "r"(bytes)
+                     : "memory");
+      }
+    }
+    Base::operator()(params, smem);
+  }
+};
+
 template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule>
 struct Kernel {
   using Layout = cutlass::layout::ColumnMajor;
@@ -99,8 +139,8 @@ struct Kernel {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+  using GemmKernel = WeightPrefetching<cutlass::gemm::kernel::GemmUniversal<
+      cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   // A k split is a batch of L = k_splits GEMMs over k / L: W's slices are consecutive blocks of rows (A's packed
@@ -142,19 +182,29 @@ struct Kernel {
   }
 };
 
-// The tile configurations of the GEMMs without GELU, CUTLASS M x N x K = features x tokens x k: the three that
-// beat or matched cuBLASLt somewhere from 32 to 736 tokens on the H200 once launched as programmatic dependents
-// (bench/gpu/gemm_probe.cu, log step 31). Instantiated for the plain epilogues (cutlass_gemm_plain.cu) and for
-// the k-split partial products (cutlass_gemm_partials.cu).
+// The small tiles every table starts with (cutlass_gemm_runners.h: kSmallTile, kNarrowTile): ping-pong 64x64x64,
+// and 64 features x 32 tokens x 128 of k, which at 32 rows or fewer loads no padding tokens and makes half as many
+// pipeline steps (log, step 33).
+template <Fused F>
+using SmallTileKernel = Kernel<F, cute::Shape<cute::_64, cute::_64, cute::_64>,
+                               cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
+template <Fused F>
+using NarrowTileKernel = Kernel<F, cute::Shape<cute::_64, cute::_32, cute::_128>,
+                                cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
+
+// The tile configurations of the GEMMs without GELU, CUTLASS M x N x K = features x tokens x k: the small tiles,
+// then the two others that beat or matched cuBLASLt somewhere from 32 to 736 tokens on the H200 once launched as
+// programmatic dependents (bench/gpu/gemm_probe.cu, log step 31). Instantiated for the plain epilogues
+// (cutlass_gemm_plain.cu) and for the k-split partial products (cutlass_gemm_partials.cu).
 template <Fused F>
 const std::vector<Runner>& PlainRunners() {
   using namespace cute;
-  using Small = Kernel<F, Shape<_64, _64, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
-  using Narrow = Kernel<F, Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
+  using Wide = Kernel<F, Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
   using Square = Kernel<F, Shape<_128, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>;
   static const std::vector<Runner> runners = {
-      {"ping-pong 64x64x64", &Small::Run},
-      {"ping-pong 64x128x64", &Narrow::Run},
+      {"ping-pong 64x64x64", &SmallTileKernel<F>::Run},
+      {"ping-pong 64x32x128", &NarrowTileKernel<F>::Run},
+      {"ping-pong 64x128x64", &Wide::Run},
       {"cooperative 128x128x64", &Square::Run},
   };
   return runners;

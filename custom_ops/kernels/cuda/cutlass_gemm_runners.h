@@ -50,17 +50,26 @@ struct Runner {
   cutlass::Status (*run)(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 };
 
-// The configurations for one epilogue; the first is the small-tile one (ping-pong 64 x 64, one block a cluster).
+// The configurations for one epilogue. Each table starts with the two small tiles (one block a cluster):
+// ping-pong 64x64x64, and the narrow ping-pong 64x32x128 (features x tokens x k) for 32 rows or fewer.
 const std::vector<Runner>& Runners(Fused fused);
+constexpr int kSmallTile = 0;
+constexpr int kNarrowTile = 1;
+inline bool IsSmallTile(int runner) { return runner == kSmallTile || runner == kNarrowTile; }
 
-// Whether a shape nobody timed runs as the small-tile kernel rather than cuBLASLt: a few hundred rows or fewer,
+// Whether a shape nobody timed runs as a small-tile kernel rather than cuBLASLt: a few hundred rows or fewer,
 // and k <= n. On the H200 (log, step 31) it beat cuBLASLt there in the forward; with k = 4n (the FFN output) its
 // n / 64 blocks each stream too much of the weights, and cuBLASLt's split-k kernels are faster.
 // Above kSmallGemmMaxTokens rows the autotuners do not time the plain GEMMs' CUTLASS kernels, nor the GEMM +
-// GELU's small tile, at all: timed back to back they beat cuBLASLt there, and in the forward they lost (batch 32
+// GELU's small tiles, at all: timed back to back they beat cuBLASLt there, and in the forward they lost (batch 32
 // at U[8,32], 704 tokens: 0.285 ms with them, 0.270 without, side by side; log, step 32).
 constexpr int64_t kSmallGemmMaxTokens = 256;
 inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
+
+// Which small tile a shape nobody timed runs as: the narrow one up to kNarrowTileMaxTokens rows, where the
+// autotuner chose it for every GEMM of the chit-chat ranker (1, 8 and 32 rows; log, step 33).
+constexpr int64_t kNarrowTileMaxTokens = 32;
+inline int DefaultSmallTile(const Problem& p) { return p.m <= kNarrowTileMaxTokens ? kNarrowTile : kSmallTile; }
 
 // Whether CUTLASS's TMA can take these operands: n and k / k_splits multiples of 8, k_splits dividing k, every
 // pointer 16-byte aligned.

@@ -171,14 +171,14 @@ const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
 
 // The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1: only for up to kSmallGemmMaxTokens rows
 // (see there). Timed (cublas_ms >= 0, cuBLASLt's best time): the fastest runner that beats it. Untimed: the small
-// tile where cutlass_gemm::SmallTileByDefault.
+// tiles where cutlass_gemm::SmallTileByDefault.
 int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue epilogue,
                         const Operands& o, float cublas_ms) {
   const cutlass_gemm::Problem p = CutlassProblem(context, o, m, n, k);
   if (!context->options.custom_gemms || !cutlass_gemm::Supports(p) || m > cutlass_gemm::kSmallGemmMaxTokens) {
     return -1;
   }
-  if (cublas_ms < 0) return cutlass_gemm::SmallTileByDefault(p) ? 0 : -1;
+  if (cublas_ms < 0) return cutlass_gemm::SmallTileByDefault(p) ? cutlass_gemm::DefaultSmallTile(p) : -1;
   const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
   return GpuTimer(o.stream).Fastest(
       static_cast<int>(runners.size()),

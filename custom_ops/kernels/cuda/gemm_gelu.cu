@@ -33,11 +33,11 @@ int RunnerNamed(const char* name) {
 }
 
 // Without timing (the TF op, which sees a new token count per batch): what autotuning chose on the H200 for the
-// chit-chat FFN (bench/results/gpu_h200_bench.json, timing.gemm_plans): the small tile for a few hundred tokens
+// chit-chat FFN (bench/results/gpu_h200_bench.json, timing.gemm_plans): a small tile for a few hundred tokens
 // (cutlass_gemm::SmallTileByDefault), GEMM + pass below kFusedGeluMinTokens, the wide cooperative tile from there,
 // ping-pong 64x256 from 8,192.
 int DefaultPlan(const Problem& p) {
-  if (cutlass_gemm::SmallTileByDefault(p)) return 0;
+  if (cutlass_gemm::SmallTileByDefault(p)) return cutlass_gemm::DefaultSmallTile(p);
   if (p.m < kFusedGeluMinTokens) return kGemmPlusPass;
   return RunnerNamed(p.m < 2 * kFusedGeluMinTokens ? "cooperative 128x256x64 cluster 2x1"
                                                    : "ping-pong 64x256x64 cluster 2x1");
@@ -56,14 +56,14 @@ bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, c
 
 // The fastest candidate on these operands (queued on the caller's stream; waits for the device).
 // Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan. The small
-// tile (plan 0) is a candidate only up to kSmallGemmMaxTokens rows, as for the plain GEMMs.
+// tiles are candidates only up to kSmallGemmMaxTokens rows, as for the plain GEMMs.
 int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
   float best_ms = 1e30f;
   const int best = GpuTimer(stream).Fastest(
       static_cast<int>(AllRunners().size()) + 1,
       [&](int i) {
         const int plan = i - 1;
-        if (plan == 0 && p.m > cutlass_gemm::kSmallGemmMaxTokens) return false;
+        if (cutlass_gemm::IsSmallTile(plan) && p.m > cutlass_gemm::kSmallGemmMaxTokens) return false;
         return Launch(context, plan, p, workspace, stream);
       },
       &best_ms);

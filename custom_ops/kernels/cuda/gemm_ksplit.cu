@@ -27,11 +27,11 @@ Problem WithSplits(Problem p, int splits) {
   return p;
 }
 
-// Without timing (the TF op, which sees a new token count per batch): the small tile with k / n slices where
+// Without timing (the TF op, which sees a new token count per batch): a small tile with k / n slices where
 // k > n, i.e. the FFN output (k = 4n), whose output tiles alone occupy n / 64 blocks.
 KSplitPlan DefaultPlan(const Problem& p) {
   if (p.k <= p.n || p.k % p.n != 0 || p.k / p.n > kMaxKSplits) return {};
-  const KSplitPlan plan{0, static_cast<int>(p.k / p.n)};
+  const KSplitPlan plan{cutlass_gemm::DefaultSmallTile(p), static_cast<int>(p.k / p.n)};
   return cutlass_gemm::Supports(WithSplits(p, plan.splits)) ? plan : KSplitPlan{};
 }
 

@@ -135,6 +135,9 @@ int Guarded(const Fn& fn) {
 
 using bertserve::cuda::Ranker;
 
+// The C ABI is all the library exports (it is built with hidden visibility): two builds loaded in one process,
+// as a side-by-side comparison does, then keep their own C++ symbols, tile tables included.
+#pragma GCC visibility push(default)
 extern "C" {
 
 const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
@@ -254,3 +257,4 @@ int bertserve_cuda_rebuild_padding(int half, const void* packed, int64_t seq, in
 }
 
 }  // extern "C"
+#pragma GCC visibility pop
