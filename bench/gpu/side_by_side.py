@@ -1,0 +1,91 @@
+"""Two or more builds of the core side by side on the same GPU: each build runs in a process of its own (its own
+GEMM plans, autotuned as the harness does), the processes alternate build by build for a number of repetitions,
+and each times CUDA-graph replays of the chit-chat ranker at a few (lengths, batch) rows, every row three rounds.
+Separate processes because a build's first timings depend on what ran before it in the process (clocks, caches,
+plans), and because alternating spreads the machine's drift over every build alike.
+
+Usage (on the GPU machine, from the repository root):
+  python3 bench/gpu/side_by_side.py NAME=LIB [NAME=LIB ...] [--rows U8_32:1,all32:1,...] [--repeat 2] [--out F]
+Writes one JSON line per (build, process, row) to F (default: stdout only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import run_bench as rb
+import core
+
+DEFAULT_ROWS = "U8_32:1,all32:1,U8_32:8,U8_32:32,all32:32,U8_32:128"
+ROUNDS = 3
+
+
+def parse_rows(text: str) -> list[tuple[str, int]]:
+    return [(dist, int(batch)) for dist, batch in (item.split(":") for item in text.split(","))]
+
+
+def time_build(lib_path: str, rows: list[tuple[str, int]]) -> list[dict]:
+    """Best and worst of ROUNDS graph-replay medians per row, rows interleaved round by round."""
+    cfg = rb.config_dict(rb.weights_mod.CHITCHAT_CONFIG)
+    w32 = rb.to_torch(rb.weights_mod.BertWeights.random(rb.weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    ranker = core.CudaRanker(core.load_library(lib_path), cfg, w32, torch.float16, max(b for _, b in rows), rb.SEQ)
+    rng = np.random.default_rng(7)  # the same lengths and ids for every build
+    inputs = []
+    for dist, batch in rows:
+        lengths = rb.lengths_for(dist, batch, rng)
+        ids = torch.randint(1000, cfg["vocab_size"], (batch, rb.SEQ), dtype=torch.int32, device="cuda")
+        inputs.append((dist, batch, ids, torch.zeros_like(ids), lengths))
+    times: dict[int, list[float]] = {}
+    for _ in range(ROUNDS):
+        for i, (_, _, ids, seg, lengths) in enumerate(inputs):
+            times.setdefault(i, []).append(rb.graph_replay_ms(ranker, ids, seg, lengths))
+    out = []
+    for i, (dist, batch, _, _, lengths) in enumerate(inputs):
+        tokens = int(lengths.sum())
+        out.append({"dist": dist, "batch": batch, "tokens": tokens, "bucket": ranker.token_bucket(tokens),
+                    "best_ms": round(min(times[i]), 4), "worst_ms": round(max(times[i]), 4)})
+    out[0]["gemm_plans"] = ranker.gemm_plans()
+    ranker.close()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("builds", nargs="+", help="NAME=path/to/libbertserve_cuda.so")
+    parser.add_argument("--rows", default=DEFAULT_ROWS)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--out")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    rows = parse_rows(args.rows)
+    if args.worker:
+        print(json.dumps(time_build(args.builds[0].split("=", 1)[1], rows)))
+        return 0
+    lines = []
+    for process in range(args.repeat):
+        for build in args.builds:
+            name = build.split("=", 1)[0]
+            result = subprocess.run([sys.executable, os.path.abspath(__file__), build, "--rows", args.rows,
+                                     "--worker"], capture_output=True, text=True, check=True)
+            for row in json.loads(result.stdout.strip().splitlines()[-1]):
+                line = {"build": name, "process": process, **row}
+                lines.append(line)
+                print(json.dumps({k: v for k, v in line.items() if k != "gemm_plans"}), flush=True)
+    if args.out:
+        machine = rb.environment()
+        with open(args.out, "w") as f:
+            f.write(json.dumps({"environment": machine, "rounds_per_row": ROUNDS}) + "\n")
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
