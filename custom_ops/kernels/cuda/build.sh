@@ -23,22 +23,18 @@ fi
 cutlass=${CUTLASS_HOME:-$("$py" -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source"))')}
 arch=${CUDA_ARCH:-arch=compute_90a,code=sm_90a}
 # NDEBUG keeps CUTLASS's asserts out of the wgmma pipelines (ptxas serialises wgmma across their calls).
-# CUTLASS_ENABLE_GDC_FOR_SM90 compiles CUTLASS's programmatic-launch waits and triggers into its kernels.
-# cutlass_gemm_small.cu instead loads its weights before a wait of its own (cutlass_gemm_kernels.cuh,
-# WeightsBeforeWait), so it is built without CUTLASS's. The macro changes device code only, which nvcc compiles
-# per translation unit (no -rdc), and no kernel is instantiated in both kinds of unit.
-cutlass_flags=(-DNDEBUG --expt-relaxed-constexpr -diag-suppress 2908 -I"$cutlass/include"
-  -I"$cutlass/tools/util/include")
+# CUTLASS_ENABLE_GDC_FOR_SM90 compiles CUTLASS's programmatic-launch waits and triggers into its kernels (every
+# translation unit alike, so that no inline function has two definitions).
+cutlass_flags=(-DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 --expt-relaxed-constexpr -diag-suppress 2908
+  -I"$cutlass/include" -I"$cutlass/tools/util/include")
 mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
 pids=()
 core_objs=()
-for src in cutlass_gemm_gelu cutlass_gemm_plain cutlass_gemm_partials cutlass_gemm_small gemm_gelu gemm_ksplit gemm \
-    elementwise attention encoder ranker_c_api; do
-  chain=-DCUTLASS_ENABLE_GDC_FOR_SM90
-  [[ $src == cutlass_gemm_small ]] && chain=-DBERTSERVE_CUTLASS_WEIGHTS_BEFORE_WAIT
+for src in cutlass_gemm_gelu cutlass_gemm_plain cutlass_gemm_partials gemm_gelu gemm_ksplit gemm elementwise attention encoder \
+    ranker_c_api; do
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC,-fvisibility=hidden -Xptxas -warn-spills \
-    "$chain" "${cutlass_flags[@]}" \
+    "${cutlass_flags[@]}" \
     -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &
   pids+=($!)
   [[ $src == ranker_c_api ]] || core_objs+=("$out/$src.o")

@@ -17,8 +17,8 @@ const std::vector<Runner>& GeluRunners() {
   using PingpongSquare = Kernel<F, Shape<_128, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   using PingpongNarrow = Kernel<F, Shape<_64, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   static const std::vector<Runner> runners = {
-      {"ping-pong 64x64x64", &RunSmallTile<F>},
-      {"ping-pong 64x32x128", &RunNarrowTile<F>},
+      {"ping-pong 64x64x64", &SmallTileKernel<F>::Run},
+      {"ping-pong 64x32x128", &NarrowTileKernel<F>::Run},
       {"cooperative 128x256x64 cluster 2x1", &Wide::Run},
       {"cooperative 256x128x64 cluster 1x2", &Tall::Run},
       {"cooperative 128x128x64 cluster 2x1", &Square::Run},

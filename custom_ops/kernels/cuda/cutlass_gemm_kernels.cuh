@@ -25,11 +25,8 @@
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
-// The kernels are launched as programmatic dependents, so they must wait for the kernel before them: CUTLASS's
-// own waits (CUTLASS_ENABLE_GDC_FOR_SM90), or, in the translation unit of the small tiles
-// (cutlass_gemm_small.cu), WeightsBeforeWait's.
-#if defined(BERTSERVE_CUTLASS_WEIGHTS_BEFORE_WAIT) == defined(CUTLASS_ENABLE_GDC_FOR_SM90)
-#error "build with exactly one of -DCUTLASS_ENABLE_GDC_FOR_SM90 and -DBERTSERVE_CUTLASS_WEIGHTS_BEFORE_WAIT"
+#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+#error "build with -DCUTLASS_ENABLE_GDC_FOR_SM90: the kernels are launched as programmatic dependents"
 #endif
 
 namespace bertserve {
@@ -86,71 +83,6 @@ using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 const std::vector<Runner>& GeluRunners();
 const std::vector<Runner>& PartialsRunners();
 
-#ifdef BERTSERVE_CUTLASS_WEIGHTS_BEFORE_WAIT
-constexpr bool kWeightsBeforeWaitUnit = true;
-#else
-constexpr bool kWeightsBeforeWaitUnit = false;
-#endif
-
-// The TMA warp-specialised mainloop (one block a cluster) with its producer issuing the weights' loads (A) for
-// the first pipeline stages before the programmatic-launch wait, and the activations' (B, which the kernel before
-// writes) after it: a stage's barrier expects both, so the consumers see no difference. At a few rows a GEMM's
-// time is mostly its loads; this moves the weights' part under the kernel before (log, step 33). Needs CUTLASS's
-// own wait compiled out (no CUTLASS_ENABLE_GDC_FOR_SM90), which is why these kernels have a translation unit of
-// their own.
-template <class Base>
-struct WeightsBeforeWait : Base {
-  static_assert(cute::size(typename Base::DispatchPolicy::ClusterShape{}) == 1, "one block a cluster: no multicast");
-
-  template <class TensorA, class TensorB, class KTileIterator, class BlockCoord>
-  CUTLASS_DEVICE void load(const typename Base::Params& params, typename Base::MainloopPipeline pipeline,
-                           typename Base::PipelineState write, const cute::tuple<TensorA, TensorB>& load_inputs,
-                           const BlockCoord& block, KTileIterator k_tile, int k_tiles, int /*thread_idx*/,
-                           uint32_t /*block_rank_in_cluster*/, typename Base::TensorStorage& storage) {
-    using namespace cute;
-    if (!elect_one_sync()) return;
-    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Base::SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Base::SmemLayoutB{});
-    auto tma_a = params.tma_load_a.get_slice(0);
-    auto tma_b = params.tma_load_b.get_slice(0);
-    const auto [m, n, k, l] = block;
-    Tensor a_global = tma_a.partition_S(get<0>(load_inputs)(_, _, m, _, l));
-    Tensor a_shared = tma_a.partition_D(sA);
-    Tensor b_global = tma_b.partition_S(get<1>(load_inputs)(_, _, n, _, l));
-    Tensor b_shared = tma_b.partition_D(sB);
-    auto load_a = [&](typename Base::PipelineState stage, const auto& tile) {
-      copy(params.tma_load_a.with(*pipeline.producer_get_barrier(stage), 0), a_global(_, _, _, tile),
-           a_shared(_, _, _, stage.index()));
-    };
-    auto load_b = [&](typename Base::PipelineState stage, const auto& tile) {
-      copy(params.tma_load_b.with(*pipeline.producer_get_barrier(stage), 0), b_global(_, _, _, tile),
-           b_shared(_, _, _, stage.index()));
-    };
-    if (!waited_) {  // the block's first tile: the stages' weights, the wait, then the stages' activations
-      const int early = k_tiles < Base::DispatchPolicy::Stages ? k_tiles : Base::DispatchPolicy::Stages;
-      typename Base::PipelineState stage = write;
-      KTileIterator tile = k_tile;
-      for (int i = 0; i < early; ++i, ++stage, ++tile) {
-        pipeline.producer_acquire(stage);
-        load_a(stage, *tile);
-      }
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");
-      waited_ = true;
-      for (int i = 0; i < early; ++i, ++write, ++k_tile) load_b(write, *k_tile);
-      k_tiles -= early;
-    }
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tiles > 0; --k_tiles, ++k_tile, ++write) {
-      pipeline.producer_acquire(write);
-      load_a(write, *k_tile);
-      load_b(write, *k_tile);
-    }
-  }
-
- private:
-  bool waited_ = false;
-};
-
 // A CUTLASS sm90 GEMM kernel whose blocks first ask L2 for the weights (the A operand, W^T), each block an even
 // share of them whatever tiles it then owns, before the kernel's programmatic-launch wait: the weights do not
 // depend on the kernel before, so their DRAM reads overlap it instead of following it. Only for launches in the
@@ -173,11 +105,6 @@ struct WeightPrefetching : Base {
   }
 
   CUTLASS_DEVICE void operator()(const Params& params, char* smem) {
-    if constexpr (kWeightsBeforeWaitUnit) {
-      // CUTLASS's trigger is compiled out here: let the kernel after this one be scheduled now, as the core's own
-      // kernels do (it waits for this one to complete).
-      asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    }
     if (params.weight_bytes != 0 && threadIdx.x == 0) {
       const uint64_t blocks = uint64_t{gridDim.x} * gridDim.y * gridDim.z;
       const uint64_t block = blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + uint64_t{gridDim.y} * blockIdx.z);
@@ -195,7 +122,6 @@ struct WeightPrefetching : Base {
   }
 };
 
-// One CUTLASS kernel configuration. The small tiles' (cutlass_gemm_small.cu) load the weights before the wait.
 template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule>
 struct Kernel {
   using Layout = cutlass::layout::ColumnMajor;
@@ -207,14 +133,12 @@ struct Kernel {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignOut, Out, Layout,
       kAlignOut, EpilogueSchedule, Fusion>::CollectiveOp;
-  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Half, Layout, kAlign, Half, Layout, kAlign, float,
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  using CollectiveMainloop =
-      std::conditional_t<kWeightsBeforeWaitUnit, WeightsBeforeWait<BuiltMainloop>, BuiltMainloop>;
   using GemmKernel = WeightPrefetching<cutlass::gemm::kernel::GemmUniversal<
       cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -260,11 +184,13 @@ struct Kernel {
 
 // The small tiles every table starts with (cutlass_gemm_runners.h: kSmallTile, kNarrowTile): ping-pong 64x64x64,
 // and 64 features x 32 tokens x 128 of k, which at 32 rows or fewer loads no padding tokens and makes half as many
-// pipeline steps (log, step 33). Compiled in cutlass_gemm_small.cu, with their weights loaded before the wait.
+// pipeline steps (log, step 33).
 template <Fused F>
-cutlass::Status RunSmallTile(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+using SmallTileKernel = Kernel<F, cute::Shape<cute::_64, cute::_64, cute::_64>,
+                               cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
 template <Fused F>
-cutlass::Status RunNarrowTile(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+using NarrowTileKernel = Kernel<F, cute::Shape<cute::_64, cute::_32, cute::_128>,
+                                cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
 
 // The tile configurations of the GEMMs without GELU, CUTLASS M x N x K = features x tokens x k: the small tiles,
 // then the two others that beat or matched cuBLASLt somewhere from 32 to 736 tokens on the H200 once launched as
@@ -276,8 +202,8 @@ const std::vector<Runner>& PlainRunners() {
   using Wide = Kernel<F, Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
   using Square = Kernel<F, Shape<_128, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>;
   static const std::vector<Runner> runners = {
-      {"ping-pong 64x64x64", &RunSmallTile<F>},
-      {"ping-pong 64x32x128", &RunNarrowTile<F>},
+      {"ping-pong 64x64x64", &SmallTileKernel<F>::Run},
+      {"ping-pong 64x32x128", &NarrowTileKernel<F>::Run},
       {"ping-pong 64x128x64", &Wide::Run},
       {"cooperative 128x128x64", &Square::Run},
   };
