@@ -54,6 +54,12 @@ def to_torch(arrays, dtype=torch.float32) -> dict[str, torch.Tensor]:
     return {k: torch.as_tensor(np.asarray(v, dtype=np.float32)).to("cuda", dtype) for k, v in arrays.items()}
 
 
+def chitchat_random() -> tuple[dict, dict[str, torch.Tensor]]:
+    """The chit-chat ranker's config and its seeded random float32 weights on the GPU: what every timing runs."""
+    chitchat = weights_mod.CHITCHAT_CONFIG
+    return config_dict(chitchat), to_torch(weights_mod.BertWeights.random(chitchat, seed=0).arrays)
+
+
 def lengths_for(dist: str, batch: int, rng: np.random.Generator) -> np.ndarray:
     if dist == "all32":
         return np.full(batch, SEQ, dtype=np.int32)
@@ -297,9 +303,7 @@ def graph_replay_ms(ranker: core.CudaRanker, ids: torch.Tensor, seg: torch.Tenso
 
 
 def stage_time(res: Results, quick: bool) -> None:
-    chitchat = weights_mod.CHITCHAT_CONFIG
-    cfg = config_dict(chitchat)
-    w32 = to_torch(weights_mod.BertWeights.random(chitchat, seed=0).arrays)
+    cfg, w32 = chitchat_random()
     batches = (1, 32, 2048) if quick else BATCHES
     ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ)
     cublaslt = core.CudaRanker(res.lib, cfg, w32, torch.float16, max(batches), SEQ, custom_gemms=False)
@@ -354,8 +358,7 @@ def stage_time(res: Results, quick: bool) -> None:
 def stage_sustain(res: Results) -> None:
     """Clocks and power while one large batch runs back to back for a few seconds, beside the same forward timed
     in short bursts: whether sustained throughput is limited by the GPU's power budget."""
-    cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
-    w32 = to_torch(weights_mod.BertWeights.random(weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    cfg, w32 = chitchat_random()
     bs = 8192
     ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, bs, SEQ)
     lengths = lengths_for("U8_32", bs, np.random.default_rng(10))
@@ -422,8 +425,7 @@ def kernel_label(name: str) -> str:
 
 def stage_profile(res: Results) -> None:
     """Per-kernel GPU time of one forward (torch profiler over CUPTI): where the time goes."""
-    cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
-    w32 = to_torch(weights_mod.BertWeights.random(weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    cfg, w32 = chitchat_random()
     ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, 2048, SEQ)
     rng = np.random.default_rng(9)
     prof_out = {}
@@ -454,8 +456,7 @@ def stage_profile(res: Results) -> None:
 
 
 def stage_replay(res: Results, quick: bool) -> None:
-    cfg = config_dict(weights_mod.CHITCHAT_CONFIG)
-    w32 = to_torch(weights_mod.BertWeights.random(weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    cfg, w32 = chitchat_random()
     wide = serving_replay.BatchingParameters(1024, 2000, (128, 256, 512, 1024))
     # (batching, offered QPS levels, graphs). Without graphs, as the TF GPU kernel runs: eager launches over the
     # token bucket, GEMMs planned without autotuning the first time a bucket is seen (no warmup: the first level

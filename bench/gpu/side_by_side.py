@@ -33,8 +33,7 @@ def parse_rows(text: str) -> list[tuple[str, int]]:
 
 def time_build(lib_path: str, rows: list[tuple[str, int]]) -> list[dict]:
     """Best and worst of ROUNDS graph-replay medians per row, rows interleaved round by round."""
-    cfg = rb.config_dict(rb.weights_mod.CHITCHAT_CONFIG)
-    w32 = rb.to_torch(rb.weights_mod.BertWeights.random(rb.weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    cfg, w32 = rb.chitchat_random()
     ranker = core.CudaRanker(core.load_library(lib_path), cfg, w32, torch.float16, max(b for _, b in rows), rb.SEQ)
     rng = np.random.default_rng(7)  # the same lengths and ids for every build
     inputs = []

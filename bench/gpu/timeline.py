@@ -23,10 +23,9 @@ import core
 REPLAYS = 3  # profiled back to back; the middle one is reported
 
 
-def timeline(ranker: core.CudaRanker, batch: int, rng: np.random.Generator) -> dict:
-    cfg = rb.config_dict(rb.weights_mod.CHITCHAT_CONFIG)
+def timeline(ranker: core.CudaRanker, vocab_size: int, batch: int, rng: np.random.Generator) -> dict:
     lengths = rb.lengths_for("U8_32", batch, rng)
-    ids = torch.randint(1000, cfg["vocab_size"], (batch, rb.SEQ), dtype=torch.int32, device="cuda")
+    ids = torch.randint(1000, vocab_size, (batch, rb.SEQ), dtype=torch.int32, device="cuda")
     bucket = ranker.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths))
     graph = ranker.graph_for(batch, bucket)
     for _ in range(200):  # clocks up, plans made
@@ -57,13 +56,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    cfg = rb.config_dict(rb.weights_mod.CHITCHAT_CONFIG)
-    w32 = rb.to_torch(rb.weights_mod.BertWeights.random(rb.weights_mod.CHITCHAT_CONFIG, seed=0).arrays)
+    cfg, w32 = rb.chitchat_random()
     ranker = core.CudaRanker(core.load_library(args.lib), cfg, w32, torch.float16, max(batches), rb.SEQ)
     rng = np.random.default_rng(9)
     result = {"environment": rb.environment(), "timelines": []}
     for batch in batches:
-        t = timeline(ranker, batch, rng)
+        t = timeline(ranker, cfg["vocab_size"], batch, rng)
         result["timelines"].append(t)
         print(f"batch {batch}, {t['tokens']} tokens (bucket {t['bucket']}): {t['kernels_per_forward']} kernels, "
               f"{t['forward_us']} us", flush=True)

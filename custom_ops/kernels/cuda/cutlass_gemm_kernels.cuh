@@ -111,9 +111,11 @@ struct WeightPrefetching : Base {
       const uint64_t share = (params.weight_bytes / blocks + 255) & ~uint64_t{255};
       const uint64_t begin = block * share;
       const uint64_t end = begin + share < params.weight_bytes ? begin + share : params.weight_bytes;
-      constexpr uint64_t kPiece = 16384;  // bytes per bulk prefetch (a multiple of 16, as the TMA requires)
+      // Every piece is a multiple of 16 bytes, as the TMA requires: shares are multiples of 256 and the weights
+      // n * k * 2 bytes with n and k multiples of 8 (Supports).
+      constexpr uint64_t kPiece = 16384;
       for (uint64_t at = begin; at < end; at += kPiece) {
-        const uint32_t bytes = static_cast<uint32_t>(((end - at < kPiece ? end - at : kPiece) + 15) & ~uint64_t{15});
+        const uint32_t bytes = static_cast<uint32_t>(end - at < kPiece ? end - at : kPiece);
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(params.weights + at), "r"(bytes)
                      : "memory");
       }

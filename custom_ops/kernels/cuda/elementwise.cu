@@ -1,6 +1,9 @@
 // Memory-bound kernels of the CUDA core: one warp per row, pairs of elements (half2 / float2) per access,
 // fp32 statistics. See kernels.h for the contracts.
+#include <utility>
+
 #include "custom_ops/kernels/cuda/common.cuh"
+#include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/kernels.h"
 
 namespace bertserve {
@@ -346,22 +349,16 @@ template <typename T>
 void LaunchPartialsResidualLayerNorm(const float* partials, int parts, const T* bias, const T* gamma, const T* beta,
                                      int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
                                      const int32_t* zero_rows_without_tokens) {
-  auto launch = [&]<int kParts>() {
-    LaunchResidualLayerNormOfParts<T, float, kParts>(partials, rows * width, bias, gamma, beta, rows, width, epsilon,
-                                                     hidden, stream, zero_rows_without_tokens);
-  };
-  switch (parts) {
-    case 1:
-      return launch.template operator()<1>();
-    case 2:
-      return launch.template operator()<2>();
-    case 3:
-      return launch.template operator()<3>();
-    case 4:
-      return launch.template operator()<4>();
-    default:
-      throw std::runtime_error("no LayerNorm kernel sums " + std::to_string(parts) + " partial products");
-  }
+  // One kernel per part count 1..kMaxKSplits; the one for `parts` is launched.
+  const bool launched = [&]<int... kIndex>(std::integer_sequence<int, kIndex...>) {
+    return ((parts == kIndex + 1 &&
+             (LaunchResidualLayerNormOfParts<T, float, kIndex + 1>(partials, rows * width, bias, gamma, beta, rows,
+                                                                  width, epsilon, hidden, stream,
+                                                                  zero_rows_without_tokens),
+              true)) ||
+            ...);
+  }(std::make_integer_sequence<int, kMaxKSplits>{});
+  if (!launched) throw std::runtime_error("no LayerNorm kernel sums " + std::to_string(parts) + " partial products");
 }
 
 namespace {

@@ -280,8 +280,7 @@ std::string DescribeGemmPlans(GemmContext* context) {
     for (const auto& [key, plan] : context->plans) {
       const auto& [m, n, k, in_type, out_type, epilogue, alignment] = key;
       if (in_type != CUDA_R_16F || out_type != CUDA_R_16F) continue;
-      out += std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
-             (epilogue == static_cast<int>(Epilogue::kBias) ? " + bias: " : ": ") +
+      out += ShapeText(m, n, k) + (epilogue == static_cast<int>(Epilogue::kBias) ? " + bias: " : ": ") +
              (plan.cutlass_runner < 0 ? std::string("cuBLASLt")
                                       : std::string("CUTLASS ") +
                                             CutlassRunners(static_cast<Epilogue>(epilogue))[plan.cutlass_runner].name) +

@@ -64,6 +64,11 @@ void ReplaceRefusedPlan(GemmContext* context, Plans& plans, const ShapeKey& key,
   plans[key] = fallback;
 }
 
+// "m x n x k", how DescribeGemmPlans and the lines below name a shape.
+inline std::string ShapeText(int64_t m, int64_t n, int64_t k) {
+  return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+}
+
 // One line per GemmBiasGelu or GemmKSplit shape planned so far (DescribeGemmPlans' last lines).
 std::string DescribeGeluPlans(GemmContext* context);
 std::string DescribeKSplitPlans(GemmContext* context);

@@ -97,7 +97,7 @@ std::string DescribeGeluPlans(GemmContext* context) {
   std::string out;
   for (const auto& [key, plan] : GeluPlansOf(context)) {
     const auto& [m, n, k] = key;
-    out += std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " + bias + GELU: " +
+    out += ShapeText(m, n, k) + " + bias + GELU: " +
            (plan == kGemmPlusPass ? std::string("GEMM + GELU pass") : std::string("CUTLASS ") +
                                                                               AllRunners()[plan].name) +
            "\n";

@@ -88,7 +88,7 @@ std::string DescribeKSplitPlans(GemmContext* context) {
   std::string out;
   for (const auto& [key, plan] : KSplitPlansOf(context)) {
     const auto& [m, n, k] = key;
-    out += std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " before a LayerNorm: " +
+    out += ShapeText(m, n, k) + " before a LayerNorm: " +
            (plan.splits == 0 ? std::string("Gemm's plan")
                              : std::string("CUTLASS ") + AllRunners()[plan.runner].name + ", " +
                                    std::to_string(plan.splits) + " fp32 k-slices") +
