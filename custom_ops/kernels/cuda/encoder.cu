@@ -134,8 +134,20 @@ void GemmResidualLayerNorm(const EncoderDims& dims, const D* in, const D* weight
   const int64_t h = dims.hidden;
   const cudaStream_t s = AsStream(stream);
   if constexpr (std::is_same_v<D, __half>) {
-    const int parts =
-        custom_gemms ? GemmKSplit(context, in, weight, buf.partials, rows, h, k_in, buf.gemm_workspace, stream) : 0;
+    // What the autotuner times each k split with: its LayerNorm, reading the partials (or Gemm's fp16 output there)
+    // and writing buf.dense, which a k split leaves unused.
+    const auto layer_norm_on_scratch = [&](int parts) {
+      if (parts == 0) {
+        LaunchResidualLayerNorm<D>(reinterpret_cast<const D*>(buf.partials), bias, gamma, beta, rows, h,
+                                   dims.layer_norm_epsilon, buf.dense, s, nullptr);
+      } else {
+        LaunchPartialsResidualLayerNorm<D>(buf.partials, parts, bias, gamma, beta, rows, h, dims.layer_norm_epsilon,
+                                           buf.dense, s, nullptr);
+      }
+    };
+    const int parts = custom_gemms ? GemmKSplit(context, in, weight, buf.partials, rows, h, k_in, buf.gemm_workspace,
+                                                stream, layer_norm_on_scratch)
+                                   : 0;
     if (parts > 0) {
       LaunchPartialsResidualLayerNorm<D>(buf.partials, parts, bias, gamma, beta, rows, h, dims.layer_norm_epsilon, x,
                                          s, zero_rows_without_tokens);

@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace bertserve {
@@ -64,10 +65,13 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
 // instead: custom_gemms off, more than kKSplitMaxTokens rows, operands CUTLASS's TMA cannot take, or (with
 // autotuning) no split timed faster than Gemm's plan; without autotuning, S = k / n where k > n (the FFN output).
 // partials holds kMaxKSplits * m * n floats.
+// consumer(S) enqueues the kernel that reads the output (S = 0: Gemm's plan, its fp16 [m, n] in partials) on
+// scratch: the autotuner times each candidate followed by it, because the kernel summing S slices costs more as S
+// grows (timed alone, 4 slices of the FFN output at 192 rows beat 3, and the forward was 5 % slower with them).
 constexpr int kMaxKSplits = 4;
 constexpr int64_t kKSplitMaxTokens = 256;
 int GemmKSplit(GemmContext* context, const __half* x, const __half* w, float* partials, int64_t m, int64_t n,
-               int64_t k, void* gemm_workspace, void* stream);
+               int64_t k, void* gemm_workspace, void* stream, const std::function<void(int parts)>& consumer);
 
 // One line per fp16 shape planned so far, Gemm's, GemmBiasGelu's, then GemmKSplit's: "m x n x k [+ epilogue]: <how
 // it runs>", for benchmarks to report.

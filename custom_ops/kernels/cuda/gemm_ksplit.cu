@@ -3,6 +3,7 @@
 // operands once against Gemm's plan.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -47,9 +48,10 @@ bool Launch(GemmContext* context, const KSplitPlan& plan, const Problem& p, void
          cutlass::Status::kSuccess;
 }
 
-// The fastest of Gemm's plan and every (tile, split) CUTLASS can take (timed on the caller's stream; waits for
-// the device). The first candidate, Gemm's plan, also makes that plan.
-KSplitPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
+// The fastest of Gemm's plan and every (tile, split) CUTLASS can take, each timed with the consumer after it (on
+// the caller's stream; waits for the device). The first candidate, Gemm's plan, also makes that plan.
+KSplitPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream,
+                       const std::function<void(int)>& consumer) {
   std::vector<KSplitPlan> candidates = {KSplitPlan{}};
   for (int runner = 0; runner < static_cast<int>(AllRunners().size()); ++runner) {
     for (int splits = 2; splits <= kMaxKSplits; ++splits) {
@@ -59,21 +61,26 @@ KSplitPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, 
   float best_ms = 1e30f;
   const int best = GpuTimer(stream).Fastest(
       static_cast<int>(candidates.size()),
-      [&](int i) { return Launch(context, candidates[i], p, workspace, stream); }, &best_ms);
+      [&](int i) {
+        if (!Launch(context, candidates[i], p, workspace, stream)) return false;
+        consumer(candidates[i].splits);
+        return true;
+      },
+      &best_ms);
   return best < 0 ? KSplitPlan{} : candidates[best];
 }
 
 }  // namespace
 
 int GemmKSplit(GemmContext* context, const __half* x, const __half* w, float* partials, int64_t m, int64_t n,
-               int64_t k, void* gemm_workspace, void* stream) {
+               int64_t k, void* gemm_workspace, void* stream, const std::function<void(int parts)>& consumer) {
   const Problem p{x, w, nullptr, partials, m, n, k, SmCountOf(context)};
   if (m == 0 || m > kKSplitMaxTokens || !OptionsOf(context).custom_gemms || !cutlass_gemm::Supports(p)) return 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const ShapeKey key{m, n, k};
   const KSplitPlan plan = PlanFor(
       context, KSplitPlansOf(context), key, s, [&] { return DefaultPlan(p); },
-      [&] { return FastestPlan(context, p, gemm_workspace, s); });
+      [&] { return FastestPlan(context, p, gemm_workspace, s, consumer); });
   if (plan.splits == 0) return 0;
   if (!Launch(context, plan, p, gemm_workspace, s)) {
     // A configuration CUTLASS declines for this shape (nothing was launched): Gemm's plan, from now on.
