@@ -117,11 +117,17 @@ bool UsesCustomGemms(const GemmContext* gemm, const EncoderDims& dims, bool half
   return half && OptionsOf(gemm).custom_gemms && dims.hidden % 8 == 0 && dims.intermediate % 8 == 0;
 }
 
+// The QKV GEMM into buf.qkv, autotuned (when it is) with the attention after each candidate, into buf.context,
+// which the layer's attention then writes anyway.
 template <typename D>
 void QkvGemm(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
              const D* x, GemmContext* gemm, void* stream) {
+  const auto attention = [&] {
+    LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
+                       dims.head_size(), buf.context, AsStream(stream));
+  };
   Gemm<D, D>(gemm, x, w.qkv_kernel, w.qkv_bias, buf.qkv, batch.num_tokens, 3 * dims.hidden, dims.hidden,
-             Epilogue::kBias, buf.gemm_workspace, stream);
+             Epilogue::kBias, buf.gemm_workspace, stream, attention);
 }
 
 // x = LayerNorm(in @ weight + bias + x) over `rows` rows: in fp16 with custom GEMMs as k-split partial products

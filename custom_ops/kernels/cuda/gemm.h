@@ -43,10 +43,13 @@ const GemmOptions& OptionsOf(const GemmContext* context);
 // Y = X @ W with the epilogue, all device pointers, enqueued on stream. (TIn, TOut) is (__half, __half),
 // (float, float) or (__half, float); bias is TIn and ignored for Epilogue::kNone. gemm_workspace holds
 // kGemmWorkspaceBytes. Throws std::runtime_error naming the shape when cuBLASLt fails. With autotuning, the first
-// call for a shape times cuBLASLt's candidates (and for (__half, __half) with custom_gemms the CUTLASS ones).
+// call for a shape times cuBLASLt's candidates (and for (__half, __half) with custom_gemms the CUTLASS ones), each
+// followed by `consumer` when given: the kernel that reads Y in the forward, so that a candidate is not ranked by
+// how it overlaps a copy of itself (a CUTLASS kernel launched back to back hides its tail under the next one's).
 template <typename TIn, typename TOut>
 void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOut* y, int64_t m, int64_t n,
-          int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream);
+          int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream,
+          const std::function<void()>& consumer = {});
 
 // Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation, one of two ways, chosen per shape: a
 // CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or the plain GEMM
