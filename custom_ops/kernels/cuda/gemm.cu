@@ -132,14 +132,14 @@ struct Operands {
   void* y;
   void* workspace;
   cudaStream_t stream;
-  const std::function<void()>* consumer;  // enqueued after each timed candidate; null: none
+  const std::function<void()>& consumer;  // enqueued after each timed candidate, if any
 };
 
 // One timed call: the candidate, then the caller's consumer of its output, as in the forward.
 template <typename Launch>
 bool WithConsumer(const Operands& o, const Launch& launch) {
   if (!launch()) return false;
-  if (o.consumer != nullptr && *o.consumer) (*o.consumer)();
+  if (o.consumer) o.consumer();
   return true;
 }
 
@@ -263,7 +263,7 @@ void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOu
           int64_t k, Epilogue epilogue, void* gemm_workspace, void* stream, const std::function<void()>& consumer) {
   if (m == 0) return;
   if (epilogue == Epilogue::kNone) bias = nullptr;
-  const Operands operands{x, w, bias, y, gemm_workspace, static_cast<cudaStream_t>(stream), &consumer};
+  const Operands operands{x, w, bias, y, gemm_workspace, static_cast<cudaStream_t>(stream), consumer};
   std::lock_guard<std::mutex> lock(context->mutex);
   const uint32_t alignment = CommonAlignment({x, w, bias, y});
   const PlanKey key{m, n, k, static_cast<int>(DataType<TIn>()), static_cast<int>(DataType<TOut>()),
