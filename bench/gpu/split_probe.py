@@ -61,8 +61,7 @@ def time_row(whole: core.CudaRanker, split_rankers: dict[int, list[core.CudaRank
     batch = ids.shape[0]
     whole._stage(ids, seg, lengths)
     whole_graph = whole.graph_for(batch, whole.token_bucket(int(lengths.sum())))
-    variants = {"whole": whole_graph.replay}
-    graphs = []
+    variants = {"whole": whole_graph.replay}  # bound methods keep their graphs alive
     worst = 0.0
     for parts, rankers in split_rankers.items():
         if parts > batch:
@@ -73,7 +72,6 @@ def time_row(whole: core.CudaRanker, split_rankers: dict[int, list[core.CudaRank
             pieces.append((rows.stop - rows.start, ranker.token_bucket(n)))
         for concurrent in (True, False):
             graph = capture(rankers, pieces, concurrent)
-            graphs.append(graph)
             whole_graph.replay()
             graph.replay()
             split_scores = torch.cat([r.scores[:b] for r, (b, _) in zip(rankers, pieces)])
