@@ -135,12 +135,11 @@ struct Operands {
   const std::function<void()>& consumer;  // enqueued after each timed candidate, if any
 };
 
-// One timed call: the candidate, then the caller's consumer of its output, as in the forward.
-template <typename Launch>
-bool WithConsumer(const Operands& o, const Launch& launch) {
-  if (!launch()) return false;
-  if (o.consumer) o.consumer();
-  return true;
+// What GpuTimer::Fastest enqueues after each candidate: the caller's consumer of its output, if any.
+auto ConsumerOf(const Operands& o) {
+  return [&o](int) {
+    if (o.consumer) o.consumer();
+  };
 }
 
 void SetBias(Plan& plan, const void* bias) {
@@ -163,12 +162,10 @@ cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
   const int best = GpuTimer(o.stream).Fastest(
       found,
       [&](int i) {
-        return WithConsumer(o, [&] {
-          return results[i].state == CUBLAS_STATUS_SUCCESS &&
-                 Run(handle, plan, results[i].algo, o) == CUBLAS_STATUS_SUCCESS;
-        });
+        return results[i].state == CUBLAS_STATUS_SUCCESS &&
+               Run(handle, plan, results[i].algo, o) == CUBLAS_STATUS_SUCCESS;
       },
-      best_ms);
+      ConsumerOf(o), best_ms);
   return results[best < 0 ? 0 : best].algo;
 }
 
@@ -194,12 +191,8 @@ int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_
   const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
   return GpuTimer(o.stream).Fastest(
       static_cast<int>(runners.size()),
-      [&](int i) {
-        return WithConsumer(o, [&] {
-          return runners[i].run(p, o.workspace, kGemmWorkspaceBytes, o.stream) == cutlass::Status::kSuccess;
-        });
-      },
-      &cublas_ms);
+      [&](int i) { return runners[i].run(p, o.workspace, kGemmWorkspaceBytes, o.stream) == cutlass::Status::kSuccess; },
+      ConsumerOf(o), &cublas_ms);
 }
 
 template <typename TIn, typename TOut>

@@ -26,8 +26,6 @@ class GpuTimer {
 
   // An autotuner's measure of one candidate (a GEMM's launches): milliseconds per call, the best of kTrials
   // series of kRepeats back-to-back calls (the GPU is shared), negative if the events fail; waits for the device.
-  // Back to back, a candidate that joins the programmatic launch chain (common.cuh) overlaps its own tail as it
-  // would overlap the core's kernels around it in a forward.
   template <typename Call>
   float BestMsPerCall(const Call& call) {
     float best = -1.f;
@@ -46,15 +44,21 @@ class GpuTimer {
   }
 
   // The fastest of `count` candidates: launch(i) enqueues candidate i and returns false when it was refused
-  // (nothing launched; such a candidate is skipped). Each is launched once untimed (the warm-up), then timed with
-  // BestMsPerCall. Returns its index, or -1 when none beats *best_ms (in: the time to beat; out: the winner's).
-  // Leaves no error of a refused launch behind for the next launcher's check.
-  template <typename Launch>
-  int Fastest(int count, const Launch& launch, float* best_ms) {
+  // (nothing launched; such a candidate is skipped), and consumer(i) then enqueues the kernel that reads its output
+  // in the forward: back to back, a candidate that joins the programmatic launch chain (common.cuh) would overlap
+  // its tail with a copy of itself, which nothing in a forward does. Each is launched once untimed (the warm-up),
+  // then timed with BestMsPerCall. Returns its index, or -1 when none beats *best_ms (in: the time to beat; out:
+  // the winner's). Leaves no error of a refused launch behind for the next launcher's check.
+  template <typename Launch, typename Consumer>
+  int Fastest(int count, const Launch& launch, const Consumer& consumer, float* best_ms) {
     int best = -1;
     for (int i = 0; i < count; ++i) {
       if (!launch(i)) continue;
-      const float ms = BestMsPerCall([&] { launch(i); });
+      consumer(i);
+      const float ms = BestMsPerCall([&] {
+        launch(i);
+        consumer(i);
+      });
       if (ms >= 0 && ms < *best_ms) {
         *best_ms = ms;
         best = i;
@@ -62,6 +66,10 @@ class GpuTimer {
     }
     cudaGetLastError();
     return best;
+  }
+  template <typename Launch>
+  int Fastest(int count, const Launch& launch, float* best_ms) {
+    return Fastest(count, launch, [](int) {}, best_ms);
   }
 
  private:
