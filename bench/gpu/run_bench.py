@@ -119,6 +119,19 @@ def environment() -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
+def parse_rows(text: str) -> list[tuple[str, int]]:
+    """"U8_32:1,all32:8" -> [("U8_32", 1), ("all32", 8)]: the (lengths, batch) rows of the comparison scripts."""
+    return [(dist, int(batch)) for dist, batch in (item.split(":") for item in text.split(","))]
+
+
+def write_jsonl(path: str, rounds_per_row: int, lines: list[dict]) -> None:
+    """A comparison script's result: the machine and rounds on the first line, then one JSON line per result."""
+    with open(path, "w") as f:
+        f.write(json.dumps({"environment": environment(), "rounds_per_row": rounds_per_row}) + "\n")
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+
+
 def compare(ours: torch.Tensor, ref: torch.Tensor) -> dict:
     ours, ref = ours.double().cpu(), ref.double().cpu()
     diff = (ours - ref).abs()

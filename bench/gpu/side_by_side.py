@@ -27,10 +27,6 @@ DEFAULT_ROWS = "U8_32:1,all32:1,U8_32:8,U8_32:32,all32:32,U8_32:128"
 ROUNDS = 3
 
 
-def parse_rows(text: str) -> list[tuple[str, int]]:
-    return [(dist, int(batch)) for dist, batch in (item.split(":") for item in text.split(","))]
-
-
 def time_build(lib_path: str, rows: list[tuple[str, int]]) -> list[dict]:
     """Best and worst of ROUNDS graph-replay medians per row, rows interleaved round by round."""
     cfg, w32 = rb.chitchat_random()
@@ -63,7 +59,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    rows = parse_rows(args.rows)
+    rows = rb.parse_rows(args.rows)
     if args.worker:
         print(json.dumps(time_build(args.builds[0].split("=", 1)[1], rows)))
         return 0
@@ -78,11 +74,7 @@ def main(argv: list[str]) -> int:
                 lines.append(line)
                 print(json.dumps({k: v for k, v in line.items() if k != "gemm_plans"}), flush=True)
     if args.out:
-        machine = rb.environment()
-        with open(args.out, "w") as f:
-            f.write(json.dumps({"environment": machine, "rounds_per_row": ROUNDS}) + "\n")
-            for line in lines:
-                f.write(json.dumps(line) + "\n")
+        rb.write_jsonl(args.out, ROUNDS, lines)
     return 0
 
 

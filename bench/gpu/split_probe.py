@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parts", default="2,3")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    rows = [(dist, int(b)) for dist, b in (item.split(":") for item in args.rows.split(","))]
+    rows = rb.parse_rows(args.rows)
     parts_list = [int(p) for p in args.parts.split(",")]
     lib = core.load_library(args.lib)
     cfg, w32 = rb.chitchat_random()
@@ -113,10 +113,7 @@ def main(argv: list[str]) -> int:
         out.append(row)
         print(json.dumps(row), flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(json.dumps({"environment": rb.environment(), "rounds_per_row": ROUNDS}) + "\n")
-            for row in out:
-                f.write(json.dumps(row) + "\n")
+        rb.write_jsonl(args.out, ROUNDS, out)
     for r in [whole] + [r for rankers in split_rankers.values() for r in rankers]:
         r.close()
     return 0
