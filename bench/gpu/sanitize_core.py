@@ -1,7 +1,8 @@
 """Small forwards of every kernel variant, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
-fp16 (with the CUTLASS GEMMs of the launch chain; cuBLASLt only) and fp32, rows of length 0..seq, seq 32 / 64 / 128 (the
-fused attention's three sizes) and 200 (the streaming attention), a batch of 27 tokens (small-m GEMMs), a graph
-bucket with scratch rows, and the padding ops.
+fp16 (with the CUTLASS GEMMs of the launch chain, untuned and, once per head size, autotuned: every candidate
+launched with the kernel that reads its output, on scratch; cuBLASLt only) and fp32, rows of length 0..seq, seq
+32 / 64 / 128 (the fused attention's three sizes) and 200 (the streaming attention), a batch of 27 tokens (small-m
+GEMMs), a graph bucket with scratch rows, and the padding ops.
 
 Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
 """
@@ -30,9 +31,12 @@ def main(argv: list[str]) -> int:
                 lengths = np.concatenate([[0, 1, seq], rng.integers(0, seq + 1, 5)]).astype(np.int32)
             ids = torch.as_tensor(rng.integers(0, 1000, (len(lengths), seq)), dtype=torch.int32, device="cuda")
             seg = torch.zeros_like(ids)
-            for dtype, options in ((torch.float16, {}), (torch.float16, {"custom_gemms": False}),
-                                   (torch.float16, {"first_token_last_layer": False}), (torch.float32, {})):
-                ranker = core.CudaRanker(lib, cfg, w, dtype, len(lengths), seq, autotune=False, **options)
+            variants = [(torch.float16, {}), (torch.float16, {"custom_gemms": False}),
+                        (torch.float16, {"first_token_last_layer": False}), (torch.float32, {})]
+            if seq == 32 and len(lengths) == 2:
+                variants.append((torch.float16, {"autotune": True}))
+            for dtype, options in variants:
+                ranker = core.CudaRanker(lib, cfg, w, dtype, len(lengths), seq, **({"autotune": False} | options))
                 scores = ranker.forward(ids, seg, lengths)
                 graph_scores = ranker.forward_graph(ids, seg, lengths)
                 torch.cuda.synchronize()

@@ -13,7 +13,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -46,8 +45,8 @@ struct Problem {
 // A compiled tile configuration.
 struct Runner {
   const char* name;
-  // kSuccess or why not; launches nothing when the configuration cannot run the shape or needs more workspace.
-  cutlass::Status (*run)(const Problem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+  // kSuccess or why not; launches nothing when the configuration cannot run the shape.
+  cutlass::Status (*run)(const Problem& p, cudaStream_t stream);
 };
 
 // The configurations for one epilogue. Each table starts with the two small tiles (one block a cluster):

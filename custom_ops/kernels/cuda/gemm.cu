@@ -191,7 +191,7 @@ int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_
   const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
   return GpuTimer(o.stream).Fastest(
       static_cast<int>(runners.size()),
-      [&](int i) { return runners[i].run(p, o.workspace, kGemmWorkspaceBytes, o.stream) == cutlass::Status::kSuccess; },
+      [&](int i) { return runners[i].run(p, o.stream) == cutlass::Status::kSuccess; },
       ConsumerOf(o), &cublas_ms);
 }
 
@@ -269,8 +269,7 @@ void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOu
   if constexpr (std::is_same_v<TIn, __half> && std::is_same_v<TOut, __half>) {
     if (plan.cutlass_runner >= 0) {
       const cutlass_gemm::Problem p = CutlassProblem(context, operands, m, n, k);
-      if (CutlassRunners(epilogue)[plan.cutlass_runner].run(p, gemm_workspace, kGemmWorkspaceBytes,
-                                                            operands.stream) == cutlass::Status::kSuccess) {
+      if (CutlassRunners(epilogue)[plan.cutlass_runner].run(p, operands.stream) == cutlass::Status::kSuccess) {
         return;
       }
       cudaGetLastError();       // refused, nothing launched: cuBLASLt from now on

@@ -51,7 +51,7 @@ bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, c
     LaunchBiasGelu<__half>(y, p.bias, p.m, p.n, stream);
     return true;
   }
-  return AllRunners()[plan].run(p, workspace, kGemmWorkspaceBytes, stream) == cutlass::Status::kSuccess;
+  return AllRunners()[plan].run(p, stream) == cutlass::Status::kSuccess;
 }
 
 // The fastest candidate on these operands (queued on the caller's stream; waits for the device).

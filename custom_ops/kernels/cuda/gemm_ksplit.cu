@@ -44,8 +44,7 @@ bool Launch(GemmContext* context, const KSplitPlan& plan, const Problem& p, void
                          workspace, stream);
     return true;
   }
-  return AllRunners()[plan.runner].run(WithSplits(p, plan.splits), workspace, kGemmWorkspaceBytes, stream) ==
-         cutlass::Status::kSuccess;
+  return AllRunners()[plan.runner].run(WithSplits(p, plan.splits), stream) == cutlass::Status::kSuccess;
 }
 
 // The fastest of Gemm's plan and every (tile, split) CUTLASS can take, each timed with the consumer after it (on
