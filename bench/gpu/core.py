@@ -36,6 +36,9 @@ def load_library(path: str) -> ctypes.CDLL:
     lib.bertserve_cuda_token_bucket.argtypes = [_c_int64]
     lib.bertserve_cuda_ranker_forward.argtypes = [_vp, _i32p, _i32p, _c_int64, _c_int64, _i32p, _i32p, _c_int64,
                                                   _c_int64, _vp, _vp, _vp, _vp]
+    lib.bertserve_cuda_encoder_forward.argtypes = [_vp, _vp, _c_int64, _i32p, ctypes.c_int, ctypes.c_int, _vp, _vp]
+    lib.bertserve_cuda_encoder_graph_count.restype = _c_int64
+    lib.bertserve_cuda_encoder_graph_count.argtypes = [_vp]
     lib.bertserve_cuda_remove_padding.argtypes = [ctypes.c_int, _vp, _c_int64, _c_int64, _c_int64, _i32p, _c_int64,
                                                   _vp, _vp]
     lib.bertserve_cuda_rebuild_padding.argtypes = [ctypes.c_int, _vp, _c_int64, _c_int64, _c_int64, _i32p, _vp, _vp]
@@ -148,3 +151,18 @@ class CudaRanker:
         n = self._stage(ids, segments, lengths)
         self.graph_for(b, self.token_bucket(n)).replay()
         return self.scores[:b]
+
+    def encoder(self, hidden: torch.Tensor, lengths: np.ndarray, first_token_only: bool, graphs: bool) -> torch.Tensor:
+        """The encoder alone as the TF GPU kernel runs it (the core's BucketedEncoder, on this ranker's encoder
+        weights): hidden [real tokens, H] in, [real tokens, H] or [batch, H] out; graphs replays the core's CUDA graph
+        for the (batch, token bucket) pair, captured on its first call, else the same launches one by one."""
+        cu = cu_seqlens_of(lengths)
+        out = torch.empty((len(lengths) if first_token_only else int(cu[-1]), self.hidden), dtype=self.dtype,
+                          device="cuda")
+        check(self.lib, self.lib.bertserve_cuda_encoder_forward(
+            self.handle, hidden.data_ptr(), len(lengths), cu.ctypes.data, int(first_token_only), int(graphs),
+            out.data_ptr(), torch.cuda.current_stream().cuda_stream))
+        return out
+
+    def encoder_graph_count(self) -> int:
+        return int(self.lib.bertserve_cuda_encoder_graph_count(self.handle))

@@ -2,7 +2,8 @@
 fp16 (with the CUTLASS GEMMs of the launch chain, untuned and, once per head size, autotuned: every candidate
 launched with the kernel that reads its output, on scratch; cuBLASLt only) and fp32, rows of length 0..seq, seq
 32 / 64 / 128 (the fused attention's three sizes) and 200 (the streaming attention), a batch of 27 tokens (small-m
-GEMMs), a graph bucket with scratch rows, and the padding ops.
+GEMMs), a graph bucket with scratch rows, the encoder as the TF kernel runs it (eager, and captured then replayed
+from the core's graph cache), and the padding ops.
 
 Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
 """
@@ -39,8 +40,13 @@ def main(argv: list[str]) -> int:
                 ranker = core.CudaRanker(lib, cfg, w, dtype, len(lengths), seq, **({"autotune": False} | options))
                 scores = ranker.forward(ids, seg, lengths)
                 graph_scores = ranker.forward_graph(ids, seg, lengths)
+                # The encoder as the TF kernel runs it: eager, then a key's first graph call (captures), a replay.
+                hidden = torch.randn(int(lengths.sum()), cfg["hidden_size"], device="cuda").to(dtype)
+                first_token_only = options.get("first_token_last_layer", True)
+                encoded = [ranker.encoder(hidden, lengths, first_token_only, graphs) for graphs in (False, True, True)]
                 torch.cuda.synchronize()
                 assert torch.isfinite(scores).all() and torch.isfinite(graph_scores).all(), (heads, seq, dtype)
+                assert all(torch.isfinite(e).all() for e in encoded), (heads, seq, dtype)
                 ranker.close()
     print("padding ops:", check_padding_ops(lib))
     print("sanitize run finished")

@@ -13,18 +13,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def reference_forward(w: Mapping[str, torch.Tensor], config: Mapping[str, float], ids: torch.Tensor,
-                      segments: torch.Tensor, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 ranker on BertWeights-named tensors -> (packed final hidden [N, H], scores [B]).
-    A row of length 0 scores from a zero first-token state, as the op contract says."""
-    b, s = ids.shape
-    h, heads, eps = int(config["hidden_size"]), int(config["num_attention_heads"]), float(config["layer_norm_eps"])
-    d = h // heads
-    lens = torch.as_tensor(lengths, device=ids.device)
-    real = torch.arange(s, device=ids.device)[None, :] < lens[:, None]  # [B, S]
+def reference_embedding(w: Mapping[str, torch.Tensor], config: Mapping[str, float], ids: torch.Tensor,
+                        segments: torch.Tensor) -> torch.Tensor:
+    """float32 embedding + LayerNorm of padded ids [B, S] -> [B, S, H]."""
+    s, h = ids.shape[1], int(config["hidden_size"])
     x = w["word_embeddings"][ids] + w["position_embeddings"][:s][None] + w["token_type_embeddings"][segments]
-    x = F.layer_norm(x, (h,), w["embeddings_ln_gamma"], w["embeddings_ln_beta"], eps)
-    bias = torch.zeros(b, 1, 1, s, device=ids.device).masked_fill(~real[:, None, None, :], float("-inf"))
+    return F.layer_norm(x, (h,), w["embeddings_ln_gamma"], w["embeddings_ln_beta"], float(config["layer_norm_eps"]))
+
+
+def reference_encoder(w: Mapping[str, torch.Tensor], config: Mapping[str, float], x: torch.Tensor,
+                      lengths: np.ndarray) -> torch.Tensor:
+    """float32 encoder layers over padded x [B, S, H] whose row b has lengths[b] real tokens -> [B, S, H]."""
+    b, s, h = x.shape
+    heads, eps = int(config["num_attention_heads"]), float(config["layer_norm_eps"])
+    d = h // heads
+    real = torch.arange(s, device=x.device)[None, :] < torch.as_tensor(lengths, device=x.device)[:, None]
+    bias = torch.zeros(b, 1, 1, s, device=x.device).masked_fill(~real[:, None, None, :], float("-inf"))
     for l in range(int(config["num_hidden_layers"])):
         def split(t: torch.Tensor) -> torch.Tensor:
             return t.view(b, s, heads, d).transpose(1, 2)
@@ -39,6 +43,17 @@ def reference_forward(w: Mapping[str, torch.Tensor], config: Mapping[str, float]
         ffn = F.gelu(x @ w["intermediate_kernel"][l] + w["intermediate_bias"][l])
         x = F.layer_norm(ffn @ w["output_kernel"][l] + w["output_bias"][l] + x, (h,), w["output_ln_gamma"][l],
                          w["output_ln_beta"][l], eps)
+    return x
+
+
+def reference_forward(w: Mapping[str, torch.Tensor], config: Mapping[str, float], ids: torch.Tensor,
+                      segments: torch.Tensor, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ranker on BertWeights-named tensors -> (packed final hidden [N, H], scores [B]).
+    A row of length 0 scores from a zero first-token state, as the op contract says."""
+    s = ids.shape[1]
+    lens = torch.as_tensor(lengths, device=ids.device)
+    real = torch.arange(s, device=ids.device)[None, :] < lens[:, None]  # [B, S]
+    x = reference_encoder(w, config, reference_embedding(w, config, ids, segments), lengths)
     first = torch.where(lens[:, None] > 0, x[:, 0], torch.zeros_like(x[:, 0]))
     logits = torch.tanh(first @ w["pooler_kernel"] + w["pooler_bias"]) @ w["classifier_kernel"] + w["classifier_bias"]
     score = torch.sigmoid(logits[:, 0]) if logits.shape[1] == 1 else torch.softmax(logits, dim=1)[:, 1]

@@ -172,6 +172,23 @@ template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
              void* workspace, GemmContext* gemm, void* stream, T* first_tokens = nullptr);
 
+// Device memory kept between calls, the arena CUDA graphs run on (kernels/cuda/graph_cache.h): TensorFlow's
+// allocator in the TF kernel, cudaMalloc in the C ABI. It goes back when the last copy of the pointer does.
+using DeviceAllocator = std::function<std::shared_ptr<void>(int64_t bytes)>;
+class GraphCache;
+
+// The encoder as the TF kernel runs it, on the caller's buffers: hidden_in holds the real tokens [cu_seqlens[batch],
+// H] (batch.num_tokens of them; the host cu_seqlens and max_seqlen are read, cu_seqlens_device is not); out receives
+// every token's output, [cu_seqlens[batch], H], or with first_token_only each row's first token, [batch, H] (zeros
+// for a row without tokens). The tokens and cu_seqlens are copied into an arena of TokenBucket rows (the rows past
+// the real tokens zeroed), the encoder runs there, and the output is copied out. With use_graphs, its launches are
+// a CUDA graph per (batch, token bucket, attention size class, weights) and stream, replayed from a key's second
+// call on; without, the same launches one by one on the same arena (for comparison: the TF kernel uses graphs).
+template <typename T>
+void BucketedEncoder(GraphCache& graphs, bool use_graphs, const EncoderDims& dims, const EncoderWeights<T>& w,
+                     const PackedBatch& batch, const T* hidden_in, bool first_token_only, T* out, GemmContext* gemm,
+                     const DeviceAllocator& allocate, void* stream);
+
 template <typename T>
 void RemovePadding(const T* padded, int64_t seq, int64_t hidden, const PackedBatch& batch, T* packed, void* stream);
 

@@ -113,7 +113,7 @@ class BertEncoderOp : public OpKernel {
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), hidden.dim_size(0), &batch));
     EncoderOutputs outs;
-    OP_REQUIRES_OK(ctx, AllocateEncoderOutputs(ctx, first_token_only_, batch.batch, batch.num_tokens, &outs));
+    OP_REQUIRES_OK(ctx, AllocateEncoderOutputs(ctx, first_token_only_, batch.batch, &outs));
     if (outs.tokens->data() != hidden.data()) {
       std::copy_n(hidden.flat<T>().data(), hidden.NumElements(), outs.tokens->flat<T>().data());
     }

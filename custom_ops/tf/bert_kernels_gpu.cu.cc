@@ -4,18 +4,23 @@
 // CUDA core. Nothing here waits for the device: token counts and launch shapes come from host memory.
 //
 // Built by `custom_ops/kernels/cuda/build.sh OUT --tf` into _bert_ops_gpu.so, loaded after _bert_ops.so (which
-// registers the ops). The core is built with CUDA 13 and links its runtime statically; it only ever uses the
-// stream TensorFlow passes (see custom_ops/kernels/cuda/README.md on mixing it with TensorFlow's CUDA 12).
+// registers the ops). The core is built with CUDA 13 and links its runtime statically; it runs on the stream
+// TensorFlow passes, and captures the encoder's graphs on a stream of its own (see custom_ops/kernels/cuda/README.md
+// on mixing it with TensorFlow's CUDA 12).
 #include <cuda_runtime.h>
 
 #include <exception>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/gemm.h"
+#include "custom_ops/kernels/cuda/graph_cache.h"
 #include "custom_ops/tf/bert_op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -99,6 +104,22 @@ class BertEmbeddingGpuOp : public OpKernel {
   float epsilon_;
 };
 
+// TensorFlow's allocator for the device the op runs on, as the core's arenas take it. The memory stays with the op
+// instance's graph cache until the cache drops it (a larger arena needed, or the kernel destroyed).
+cuda::DeviceAllocator ArenaAllocator(OpKernelContext* ctx) {
+  tensorflow::Allocator* allocator = ctx->get_allocator(tensorflow::AllocatorAttributes());
+  return [allocator](int64_t bytes) {
+    void* p = allocator->AllocateRaw(tensorflow::Allocator::kAllocatorAlignment, bytes);
+    if (p == nullptr) {
+      throw std::runtime_error("the device allocator could not give an arena of " + std::to_string(bytes) + " bytes");
+    }
+    return std::shared_ptr<void>(p, [allocator](void* q) { allocator->DeallocateRaw(q); });
+  };
+}
+
+// The encoder runs on an arena of its token bucket (cuda::TokenBucket) that the kernel keeps, as a CUDA graph per
+// (batch, bucket) replayed on TensorFlow's stream (cuda::BucketedEncoder): launched one by one, a forward of a few
+// rows costs the host more than the GPU.
 template <typename T>
 class BertEncoderGpuOp : public OpKernel {
  public:
@@ -117,50 +138,17 @@ class BertEncoderGpuOp : public OpKernel {
     const Tensor& hidden = ctx->input(0);
     PackedBatch batch;
     OP_REQUIRES_OK(ctx, PackFromCuSeqlens(ctx->input(1), hidden.dim_size(0), &batch));  // host memory input
-    // The encoder runs over the token count rounded up to its bucket (cuda::TokenBucket), so that its GEMMs are
-    // planned for a few counts, not for every count a batch happens to have (a new count cost 0.2-7 ms of planning
-    // on the H200). The extra rows are zeroed scratch that belongs to no sequence (cu_seqlens still ends at the
-    // real count); only the real rows reach an all-token output.
-    const int64_t tokens = batch.num_tokens, rows = tokens == 0 ? 0 : cuda::TokenBucket(tokens);
-    EncoderOutputs outs;
-    OP_REQUIRES_OK(ctx, AllocateEncoderOutputs(ctx, first_token_only_, batch.batch, rows, &outs));
-    const cudaStream_t stream = static_cast<cudaStream_t>(StreamOf(ctx));
-    CoreType<T>* first_tokens = first_token_only_ ? CoreData<T>(outs.output) : nullptr;
-    if (batch.num_tokens == 0) {  // nothing to copy or plan: the core only zeroes any first tokens
-      OP_REQUIRES_OK(ctx, CallCore([&] {
-                       cuda::Encoder(dims, weights, batch, CoreData<T>(outs.tokens), nullptr, nullptr, stream,
-                                     first_tokens);
-                     }));
-      return;
-    }
-    const int64_t row_bytes = hidden.TotalBytes() / tokens;
-    if (outs.tokens->data() != hidden.data()) {
-      OP_REQUIRES_OK(ctx, CheckCuda(cudaMemcpyAsync(outs.tokens->data(), hidden.data(), hidden.TotalBytes(),
-                                                    cudaMemcpyDeviceToDevice, stream),
-                                    "copy of hidden"));
-    }
-    if (rows > tokens) {
-      OP_REQUIRES_OK(ctx, CheckCuda(cudaMemsetAsync(static_cast<char*>(outs.tokens->data()) + tokens * row_bytes, 0,
-                                                    (rows - tokens) * row_bytes, stream),
-                                    "zeroing of the bucket's scratch rows"));
-    }
-    Tensor cu_device, workspace;
-    OP_REQUIRES_OK(ctx, ToDevice(ctx, batch.cu_seqlens_host, batch.batch + 1, &cu_device));
-    batch.cu_seqlens_device = cu_device.flat<int32_t>().data();
-    batch.num_tokens = rows;
-    const int64_t bytes = cuda::EncoderWorkspaceBytes<CoreType<T>>(dims, rows, first_token_only_ ? batch.batch : 0);
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &workspace));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, first_token_only_ ? TensorShape({batch.batch, dims.hidden})
+                                                                  : hidden.shape(),
+                                             &output));
     cuda::GemmContext* gemm = nullptr;
     OP_REQUIRES_OK(ctx, Gemm(&gemm));
     OP_REQUIRES_OK(ctx, CallCore([&] {
-                     cuda::Encoder(dims, weights, batch, CoreData<T>(outs.tokens), workspace.data(), gemm, stream,
-                                   first_tokens);
+                     cuda::BucketedEncoder(graphs_, /*use_graphs=*/true, dims, weights, batch, CoreData<T>(hidden),
+                                           first_token_only_, CoreData<T>(output), gemm, ArenaAllocator(ctx),
+                                           StreamOf(ctx));
                    }));
-    if (outs.tokens != outs.output && !first_token_only_) {
-      OP_REQUIRES_OK(ctx, CheckCuda(cudaMemcpyAsync(outs.output->data(), outs.tokens->data(), hidden.TotalBytes(),
-                                                    cudaMemcpyDeviceToDevice, stream),
-                                    "copy of the encoder's output"));
-    }
   }
 
  private:
@@ -177,6 +165,7 @@ class BertEncoderGpuOp : public OpKernel {
   bool first_token_only_;
   std::mutex mutex_;
   cuda::GemmContext* gemm_ = nullptr;
+  cuda::GraphCache graphs_;
 };
 
 template <typename T>

@@ -156,24 +156,15 @@ absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_hea
 }
 
 absl::Status AllocateEncoderOutputs(tensorflow::OpKernelContext* ctx, bool first_token_only, int64_t batch,
-                                    int64_t rows, EncoderOutputs* out) {
+                                    EncoderOutputs* out) {
   const Tensor& hidden = ctx->input(0);
-  const bool exact = rows == hidden.dim_size(0);
   if (!first_token_only) {
     TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output({0}, 0, hidden.shape(), &out->output));
-    if (exact) {
-      out->tokens = out->output;
-      return absl::OkStatus();
-    }
-  } else {
-    TF_RETURN_IF_ERROR(ctx->allocate_output(0, tensorflow::TensorShape({batch, hidden.dim_size(1)}), &out->output));
+    out->tokens = out->output;
+    return absl::OkStatus();
   }
-  if (exact) {
-    TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_temp({0}, hidden.dtype(), hidden.shape(), &out->scratch));
-  } else {
-    TF_RETURN_IF_ERROR(
-        ctx->allocate_temp(hidden.dtype(), tensorflow::TensorShape({rows, hidden.dim_size(1)}), &out->scratch));
-  }
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, tensorflow::TensorShape({batch, hidden.dim_size(1)}), &out->output));
+  TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_temp({0}, hidden.dtype(), hidden.shape(), &out->scratch));
   out->tokens = &out->scratch;
   return absl::OkStatus();
 }

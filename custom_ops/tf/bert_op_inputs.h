@@ -63,18 +63,16 @@ template <typename T>
 absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
                                EncoderDims* dims, EncoderWeights<CoreType<T>>* weights);
 
-// BertEncoder's output, and the [rows, H] tensor the encoder runs in place on (rows >= N, the real tokens; the
-// caller copies `hidden` into it unless they share a buffer, and any rows past N are its scratch). With rows = N
-// that is the output itself, or with first_token_only a scratch tensor (hidden's buffer when TF can forward it)
-// beside an output of the rows' first tokens [batch, H]; with rows > N always a scratch tensor, whose first N rows
-// the caller copies to an all-token output.
+// BertEncoder's output on the CPU, and the [N, H] tensor the encoder runs in place on (the caller copies `hidden`
+// into it unless they share a buffer): the output itself, or with first_token_only a scratch tensor (hidden's buffer
+// when TF can forward it) beside an output of the rows' first tokens [batch, H].
 struct EncoderOutputs {
   tensorflow::Tensor* output = nullptr;
   tensorflow::Tensor* tokens = nullptr;
   tensorflow::Tensor scratch;
 };
 absl::Status AllocateEncoderOutputs(tensorflow::OpKernelContext* ctx, bool first_token_only, int64_t batch,
-                                    int64_t rows, EncoderOutputs* out);
+                                    EncoderOutputs* out);
 
 }  // namespace tf
 }  // namespace bertserve

@@ -32,12 +32,14 @@ mkdir -p "$out"
 pids=()
 core_objs=()
 for src in cutlass_gemm_gelu cutlass_gemm_plain cutlass_gemm_partials gemm_gelu gemm_ksplit gemm elementwise attention encoder \
-    ranker_c_api; do
+    encoder_bucketed graph_cache ../validation.cc ranker_c_api; do
+  [[ $src == *.cc ]] || src=$src.cu
+  obj="$out/$(basename "${src%.*}").o"
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC,-fvisibility=hidden -Xptxas -warn-spills \
     "${cutlass_flags[@]}" \
-    -I"$root" -I"$cublas/include" -c "$here/$src.cu" -o "$out/$src.o" &
+    -I"$root" -I"$cublas/include" -c "$here/$src" -o "$obj" &
   pids+=($!)
-  [[ $src == ranker_c_api ]] || core_objs+=("$out/$src.o")
+  [[ $src == ranker_c_api.cu ]] || core_objs+=("$obj")
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 cublaslt=$(ls "$cublas"/lib*/libcublasLt.so* | head -1)
@@ -53,7 +55,7 @@ read -r -a tf_cflags <<<"$(TF_CPP_MIN_LOG_LEVEL=3 "$py" -c 'import tensorflow as
 read -r -a tf_lflags <<<"$(TF_CPP_MIN_LOG_LEVEL=3 "$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))')"
 pids=()
 tf_objs=()
-for src in custom_ops/tf/bert_kernels_gpu.cu.cc custom_ops/tf/bert_op_inputs.cc custom_ops/kernels/validation.cc; do
+for src in custom_ops/tf/bert_kernels_gpu.cu.cc custom_ops/tf/bert_op_inputs.cc; do
   obj="$out/$(basename "${src%%.*}")_tf.o"
   "$cuda/bin/nvcc" -x c++ -O3 -Xcompiler -fPIC -Xcompiler -Wno-deprecated-declarations "${tf_cflags[@]}" \
     -I"$root" -I"$cublas/include" -c "$root/$src" -o "$obj" &

@@ -108,6 +108,9 @@ __device__ __forceinline__ int RowOfToken(const int32_t* cu_seqlens, int batch, 
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Buffers carved out of one allocation (a workspace, an arena) start on 256-byte boundaries, as cudaMalloc's do.
+inline int64_t AlignedBytes(int64_t bytes) { return CeilDiv(bytes, 256) * 256; }
+
 // Programmatic dependent launch: a kernel launched with LaunchAfterPredecessor may be scheduled while the kernel
 // before it on the stream is still draining (its launch overlaps that tail, ~1-2 us a boundary at small batch),
 // so it must call JoinLaunchChain before it touches memory. That returns once the preceding kernel has completed

@@ -18,10 +18,6 @@ namespace bertserve {
 namespace cuda {
 namespace {
 
-constexpr int64_t kAlignment = 256;
-
-int64_t Aligned(int64_t bytes) { return CeilDiv(bytes, kAlignment) * kAlignment; }
-
 // GemmKSplit's partial products, fp16 encoders only.
 template <typename T>
 int64_t PartialsBytes(const EncoderDims& dims, int64_t rows) {
@@ -43,7 +39,7 @@ struct EncoderBuffers {
     auto* p = static_cast<unsigned char*>(workspace);
     auto take = [&p](int64_t bytes) {
       void* out = p;
-      p += Aligned(bytes);
+      p += AlignedBytes(bytes);
       return out;
     };
     gemm_workspace = take(kGemmWorkspaceBytes);
@@ -96,9 +92,9 @@ struct LayerWeights {
 template <typename T>
 int64_t EncoderWorkspaceBytes(const EncoderDims& dims, int64_t max_tokens, int64_t max_batch) {
   const int64_t element = sizeof(T), rows = std::max(max_tokens, max_batch);
-  return Aligned(kGemmWorkspaceBytes) + Aligned(rows * 3 * dims.hidden * element) +
-         2 * Aligned(rows * dims.hidden * element) + Aligned(rows * dims.intermediate * element) +
-         Aligned(PartialsBytes<T>(dims, rows));
+  return AlignedBytes(kGemmWorkspaceBytes) + AlignedBytes(rows * 3 * dims.hidden * element) +
+         2 * AlignedBytes(rows * dims.hidden * element) + AlignedBytes(rows * dims.intermediate * element) +
+         AlignedBytes(PartialsBytes<T>(dims, rows));
 }
 
 template <typename T>

@@ -5,11 +5,14 @@
 #include <cuda_fp16.h>
 
 #include <exception>
+#include <memory>
 #include <string>
+#include <type_traits>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/gemm.h"
+#include "custom_ops/kernels/cuda/graph_cache.h"
 #include "custom_ops/kernels/cuda/kernels.h"
 
 namespace bertserve {
@@ -33,11 +36,17 @@ struct Ranker {
   const void* weights[kNumWeights];
   GemmContext* gemm;
   bool first_token_last_layer;  // the encoder's last layer for first tokens only (bert_core.h)
+  GraphCache encoder_graphs;    // the TF kernel's encoder graphs (BucketedEncoder), for bertserve_cuda_encoder_forward
 };
 
-int64_t ElementBytes(const Ranker& r) { return r.half ? 2 : 4; }
+// The C ABI's arenas come from cudaMalloc (TensorFlow's come from its allocator).
+std::shared_ptr<void> CudaMalloced(int64_t bytes) {
+  void* p = nullptr;
+  ThrowIfFailed(cudaMalloc(&p, bytes), "cudaMalloc of an arena");
+  return std::shared_ptr<void>(p, [](void* q) { cudaFree(q); });
+}
 
-int64_t AlignedBytes(int64_t bytes) { return CeilDiv(bytes, 256) * 256; }
+int64_t ElementBytes(const Ranker& r) { return r.half ? 2 : 4; }
 
 template <typename T>
 EncoderWeights<T> EncoderWeightsOf(const Ranker& r) {
@@ -225,6 +234,38 @@ int bertserve_cuda_ranker_forward(void* ranker, const int32_t* input_ids, const 
                                       scores, stream);
     }
   });
+}
+
+// The encoder as the TF kernel runs it (BucketedEncoder), with the ranker's encoder weights: hidden_in device
+// [cu_seqlens[batch], H] (the real tokens), cu_seqlens host [batch + 1], out device [cu_seqlens[batch], H] or with
+// first_token_only [batch, H]; graphs 1 replays the ranker's encoder graphs (captured on a key's first call), 0
+// launches the same kernels one by one on the same arena.
+int bertserve_cuda_encoder_forward(void* ranker, const void* hidden_in, int64_t batch, const int32_t* cu_seqlens_host,
+                                   int first_token_only, int graphs, void* out, void* stream) {
+  return bertserve::cuda::Guarded([&] {
+    Ranker& r = *static_cast<Ranker*>(ranker);
+    const std::string problem = bertserve::CheckCuSeqlens(cu_seqlens_host, batch, cu_seqlens_host[batch]);
+    if (!problem.empty()) throw std::runtime_error(problem);
+    const bertserve::PackedBatch b = bertserve::cuda::MakeBatch(
+        batch, cu_seqlens_host[batch], bertserve::MaxSeqlen(cu_seqlens_host, batch), cu_seqlens_host, nullptr);
+    auto run = [&](auto* typed) {
+      using T = std::remove_pointer_t<decltype(typed)>;
+      bertserve::cuda::BucketedEncoder<T>(r.encoder_graphs, graphs != 0, r.dims,
+                                          bertserve::cuda::EncoderWeightsOf<T>(r), b, static_cast<const T*>(hidden_in),
+                                          first_token_only != 0, static_cast<T*>(out), r.gemm,
+                                          bertserve::cuda::CudaMalloced, stream);
+    };
+    if (r.half) {
+      run(static_cast<bertserve::fp16*>(nullptr));
+    } else {
+      run(static_cast<float*>(nullptr));
+    }
+  });
+}
+
+// Encoder graphs the ranker holds now.
+int64_t bertserve_cuda_encoder_graph_count(void* ranker) {
+  return static_cast<Ranker*>(ranker)->encoder_graphs.size();
 }
 
 // The padding ops on fp16 or float (half = 1 or 0) device buffers.

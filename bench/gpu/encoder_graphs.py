@@ -1,0 +1,171 @@
+"""The encoder as the TF GPU kernel runs it: the core's BucketedEncoder copies a batch's real tokens into an arena of
+their token bucket and replays a CUDA graph per (batch, bucket) from the core's GraphCache. Checked, then timed,
+against the same launches one by one on the same arena (the TF kernel's way before graphs).
+
+Check (fp16 and fp32 encoders, planned without autotuning as in the TF kernel; all-token and first-token outputs;
+batches 1-128 of lengths U[0,32] with empty rows, the same lengths permuted, and all-32): every graph call equal to
+the eager launches bit for bit (a key's first call, replays with other tokens of the same bucket, keys interleaved),
+a graph captured on a key's first call only (none lost when the arena grows), and both against the float32 torch
+reference encoder on the same fp16-rounded input.
+Timing (fp16, first tokens, U[8,32]): host to host per call (each waited for, as one serving request is) and back
+to back (what the host can issue), eager and graphs alternating in one process.
+
+Usage: python3 bench/gpu/encoder_graphs.py LIB.so --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+import torch
+
+import core
+import torch_models
+from run_bench import SEQ, WARMUP_S, chitchat_random, compare, environment
+
+CHECK_BATCHES = (1, 3, 8, 32, 128)
+TIME_BATCHES = (1, 8, 32, 128)
+REL_L2_LIMIT = {torch.float16: 5e-3, torch.float32: 1e-4}
+
+
+class EncoderInput:
+    """A batch's packed encoder input (the reference embedding, rounded to the encoder's dtype) and the float32
+    reference encoder's output on it: every token's [N, H], or each row's first token [B, H] (zeros when empty)."""
+
+    def __init__(self, w32: dict[str, torch.Tensor], config: dict, dtype: torch.dtype, lengths: np.ndarray,
+                 rng: np.random.Generator):
+        b = len(lengths)
+        ids = torch.as_tensor(rng.integers(0, config["vocab_size"], (b, SEQ)), device="cuda")
+        segments = torch.as_tensor(rng.integers(0, 2, (b, SEQ)), device="cuda")
+        real = torch.arange(SEQ, device="cuda")[None] < torch.as_tensor(lengths, device="cuda")[:, None]
+        with torch.no_grad():
+            x = torch_models.reference_embedding(w32, config, ids, segments).to(dtype)
+            out = torch_models.reference_encoder(w32, config, x.float(), lengths)
+        self.lengths = lengths
+        self.hidden = x[real].contiguous()
+        self.all_tokens = out[real]
+        self.first_tokens = torch.where(real[:, :1], out[:, 0], torch.zeros_like(out[:, 0]))
+
+
+def check(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Generator) -> tuple[list[dict], bool]:
+    rows, ok = [], True
+    for dtype in (torch.float16, torch.float32):
+        weights = {k: v.to(dtype).float() for k, v in w32.items()}
+        ranker = core.CudaRanker(lib, config, weights, dtype, max(CHECK_BATCHES), SEQ, autotune=False)
+        first_lengths = {b: np.concatenate([[0], rng.integers(0, SEQ + 1, b - 1)]).astype(np.int32) if b > 1
+                         else np.array([int(rng.integers(1, SEQ + 1))], np.int32) for b in CHECK_BATCHES}
+        permuted = {b: rng.permutation(v) for b, v in first_lengths.items()}
+        cases = [("U0_32", first_lengths), ("U0_32 permuted", permuted),
+                 ("all32", {b: np.full(b, SEQ, np.int32) for b in CHECK_BATCHES}),
+                 ("U0_32 again, new tokens", first_lengths)]
+        seen: set[tuple[int, int, bool]] = set()  # (batch, token bucket, first_token_only): the keys captured so far
+        for case, lengths_by_batch in cases:
+            for first_token_only in (True, False):
+                for b in CHECK_BATCHES:
+                    inp = EncoderInput(weights, config, dtype, lengths_by_batch[b], rng)
+                    eager = ranker.encoder(inp.hidden, inp.lengths, first_token_only, graphs=False)
+                    held = ranker.encoder_graph_count()
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    graph = ranker.encoder(inp.hidden, inp.lengths, first_token_only, graphs=True)
+                    torch.cuda.synchronize()
+                    graph_call_ms = (time.perf_counter() - t0) * 1e3
+                    replay = ranker.encoder(inp.hidden, inp.lengths, first_token_only, graphs=True)
+                    ref = inp.first_tokens if first_token_only else inp.all_tokens
+                    tokens = int(inp.lengths.sum())
+                    row = {"dtype": str(dtype).removeprefix("torch."), "lengths": case, "batch": b,
+                           "tokens": tokens, "token_bucket": ranker.token_bucket(tokens),
+                           "first_token_only": first_token_only,
+                           # a key's first call launches eagerly, then captures and instantiates its graph
+                           "captured": ranker.encoder_graph_count() > held, "graph_call_ms": graph_call_ms,
+                           "graph_vs_eager_max_abs": float((graph.float() - eager.float()).abs().max()),
+                           "replay_vs_eager_max_abs": float((replay.float() - eager.float()).abs().max()),
+                           "eager_vs_torch_fp32": compare(eager, ref), "graph_vs_torch_fp32": compare(graph, ref)}
+                    key = (b, row["token_bucket"], first_token_only)  # lengths <= 32: one attention size class
+                    row["expected_capture"] = key not in seen
+                    seen.add(key)
+                    good = (row["graph_vs_eager_max_abs"] == 0 and row["replay_vs_eager_max_abs"] == 0
+                            and row["captured"] == row["expected_capture"]
+                            and row["eager_vs_torch_fp32"]["finite"]
+                            and row["eager_vs_torch_fp32"]["rel_l2"] < REL_L2_LIMIT[dtype])
+                    row["ok"] = bool(good)
+                    ok &= good
+                    rows.append(row)
+        rows.append({"dtype": str(dtype).removeprefix("torch."), "graphs_held": ranker.encoder_graph_count()})
+        ranker.close()
+    return rows, ok
+
+
+def host_to_host_us(call, calls: int) -> dict:
+    """Each call waited for before the next, as one serving request at a time: median and P99 microseconds."""
+    start = time.monotonic()
+    while time.monotonic() - start < WARMUP_S:
+        call()
+        torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return {"median_us": float(np.median(samples)), "p99_us": float(np.percentile(samples, 99))}
+
+
+def back_to_back_us(call, calls: int) -> float:
+    """Calls issued without waiting, then one wait: microseconds a call, the host's or the GPU's rate."""
+    call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / calls
+
+
+def timings(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Generator, rounds: int) -> list[dict]:
+    weights = {k: v.half().float() for k, v in w32.items()}
+    ranker = core.CudaRanker(lib, config, weights, torch.float16, max(TIME_BATCHES), SEQ, autotune=False)
+    rows = []
+    for b in TIME_BATCHES:
+        inp = EncoderInput(weights, config, torch.float16, rng.integers(8, SEQ + 1, b).astype(np.int32), rng)
+        row: dict = {"batch": b, "tokens": int(inp.lengths.sum()), "first_token_only": True}
+        for r in range(rounds):
+            for mode, graphs in (("eager", False), ("graphs", True)):
+                call = lambda: ranker.encoder(inp.hidden, inp.lengths, True, graphs)  # noqa: E731
+                row.setdefault(mode, []).append({"host_to_host": host_to_host_us(call, 300),
+                                                 "back_to_back_us": back_to_back_us(call, 300)})
+        for mode in ("eager", "graphs"):
+            row[f"{mode}_best_median_us"] = min(t["host_to_host"]["median_us"] for t in row[mode])
+            row[f"{mode}_best_back_to_back_us"] = min(t["back_to_back_us"] for t in row[mode])
+        row["eager_over_graphs_host_to_host"] = row["eager_best_median_us"] / row["graphs_best_median_us"]
+        print(json.dumps({k: v for k, v in row.items() if k not in ("eager", "graphs")}), flush=True)
+        rows.append(row)
+    ranker.close()
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("lib")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    lib = core.load_library(args.lib)
+    config, w32 = chitchat_random()
+    rng = np.random.default_rng(7)
+    check_rows, ok = check(lib, config, w32, rng)
+    print("check:", "ok" if ok else "FAILED", sum(r.get("ok", True) for r in check_rows), "of", len(check_rows),
+          flush=True)
+    result = {"environment": environment(), "check_ok": ok, "check": check_rows}
+    result["timing"] = timings(lib, config, w32, rng, args.rounds)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
