@@ -159,10 +159,15 @@ class CudaRanker:
         cu = cu_seqlens_of(lengths)
         out = torch.empty((len(lengths) if first_token_only else int(cu[-1]), self.hidden), dtype=self.dtype,
                           device="cuda")
-        check(self.lib, self.lib.bertserve_cuda_encoder_forward(
-            self.handle, hidden.data_ptr(), len(lengths), cu.ctypes.data, int(first_token_only), int(graphs),
-            out.data_ptr(), torch.cuda.current_stream().cuda_stream))
+        self.encoder_into(hidden, cu, out, first_token_only, graphs)
         return out
+
+    def encoder_into(self, hidden: torch.Tensor, cu_seqlens: np.ndarray, out: torch.Tensor, first_token_only: bool,
+                     graphs: bool) -> None:
+        """encoder() on a caller's int32 cu_seqlens and output: the core's call alone, as a benchmark times it."""
+        check(self.lib, self.lib.bertserve_cuda_encoder_forward(
+            self.handle, hidden.data_ptr(), len(cu_seqlens) - 1, cu_seqlens.ctypes.data, int(first_token_only),
+            int(graphs), out.data_ptr(), torch.cuda.current_stream().cuda_stream))
 
     def encoder_graph_count(self) -> int:
         return int(self.lib.bertserve_cuda_encoder_graph_count(self.handle))

@@ -7,8 +7,9 @@ batches 1-128 of lengths U[0,32] with empty rows, the same lengths permuted, and
 the eager launches bit for bit (a key's first call, replays with other tokens of the same bucket, keys interleaved),
 a graph captured on a key's first call only (none lost when the arena grows), and both against the float32 torch
 reference encoder on the same fp16-rounded input.
-Timing (fp16, first tokens, U[8,32]): host to host per call (each waited for, as one serving request is) and back
-to back (what the host can issue), eager and graphs alternating in one process.
+Timing (fp16, first tokens, U[8,32]; the core's call alone, its inputs made beforehand): a bucket's first call, host
+to host per call (each waited for, as one serving request is), back to back (the host's or the GPU's pace), and the
+host's time in a call; launches, graphs, and graphs of autotuned plans, alternating in one process.
 
 Usage: python3 bench/gpu/encoder_graphs.py LIB.so --out FILE.json
 """
@@ -126,25 +127,56 @@ def back_to_back_us(call, calls: int) -> float:
     return (time.perf_counter() - t0) * 1e6 / calls
 
 
+def issue_us(call, calls: int) -> float:
+    """The host's time in one call, not waiting for the GPU (a wait every 50 calls keeps the queue short): median."""
+    samples = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - t0) * 1e6)
+        if i % 50 == 49:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return float(np.median(samples))
+
+
+# (mode, graphs, autotuned): the TF kernel's launches before graphs, its graphs now (planned without autotuning),
+# and graphs of the harness's autotuned plans, which a serving op does not make (0.15-0.4 s a new bucket on the H200).
+MODES = (("eager", False, False), ("graphs", True, False), ("graphs_autotuned", True, True))
+
+
 def timings(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Generator, rounds: int) -> list[dict]:
     weights = {k: v.half().float() for k, v in w32.items()}
-    ranker = core.CudaRanker(lib, config, weights, torch.float16, max(TIME_BATCHES), SEQ, autotune=False)
+    rankers = {tuned: core.CudaRanker(lib, config, weights, torch.float16, max(TIME_BATCHES), SEQ, autotune=tuned)
+               for tuned in (False, True)}
     rows = []
     for b in TIME_BATCHES:
         inp = EncoderInput(weights, config, torch.float16, rng.integers(8, SEQ + 1, b).astype(np.int32), rng)
+        cu = core.cu_seqlens_of(inp.lengths)
+        out = torch.empty((b, config["hidden_size"]), dtype=torch.float16, device="cuda")
         row: dict = {"batch": b, "tokens": int(inp.lengths.sum()), "first_token_only": True}
-        for r in range(rounds):
-            for mode, graphs in (("eager", False), ("graphs", True)):
-                call = lambda: ranker.encoder(inp.hidden, inp.lengths, True, graphs)  # noqa: E731
+        calls = {mode: (lambda r=rankers[tuned], g=graphs: r.encoder_into(inp.hidden, cu, out, True, g))
+                 for mode, graphs, tuned in MODES}
+        for mode, call in calls.items():  # a bucket's first call: planning (autotuning where on), capture
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call()
+            torch.cuda.synchronize()
+            row[f"{mode}_first_call_ms"] = (time.perf_counter() - t0) * 1e3
+        for _ in range(rounds):
+            for mode, call in calls.items():
                 row.setdefault(mode, []).append({"host_to_host": host_to_host_us(call, 300),
-                                                 "back_to_back_us": back_to_back_us(call, 300)})
-        for mode in ("eager", "graphs"):
+                                                 "back_to_back_us": back_to_back_us(call, 300),
+                                                 "issue_us": issue_us(call, 300)})
+        for mode in calls:
             row[f"{mode}_best_median_us"] = min(t["host_to_host"]["median_us"] for t in row[mode])
             row[f"{mode}_best_back_to_back_us"] = min(t["back_to_back_us"] for t in row[mode])
+            row[f"{mode}_best_issue_us"] = min(t["issue_us"] for t in row[mode])
         row["eager_over_graphs_host_to_host"] = row["eager_best_median_us"] / row["graphs_best_median_us"]
-        print(json.dumps({k: v for k, v in row.items() if k not in ("eager", "graphs")}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in calls}), flush=True)
         rows.append(row)
-    ranker.close()
+    for ranker in rankers.values():
+        ranker.close()
     return rows
 
 
