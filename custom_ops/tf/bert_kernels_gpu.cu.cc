@@ -104,12 +104,12 @@ class BertEmbeddingGpuOp : public OpKernel {
   float epsilon_;
 };
 
-// TensorFlow's allocator for the device the op runs on, as the core's arenas take it. The memory stays with the op
-// instance's graph cache until the cache drops it (a larger arena needed, or the kernel destroyed).
+// TensorFlow's allocator for the device the op runs on, as the core's arenas take it. An arena stays allocated while
+// it is the stream's current one or a graph of the op instance's cache runs on it.
 cuda::DeviceAllocator ArenaAllocator(OpKernelContext* ctx) {
   tensorflow::Allocator* allocator = ctx->get_allocator(tensorflow::AllocatorAttributes());
   return [allocator](int64_t bytes) {
-    void* p = allocator->AllocateRaw(tensorflow::Allocator::kAllocatorAlignment, bytes);
+    void* p = allocator->AllocateRaw(256, bytes);  // cudaMalloc's alignment, which the arena's layout assumes
     if (p == nullptr) {
       throw std::runtime_error("the device allocator could not give an arena of " + std::to_string(bytes) + " bytes");
     }
