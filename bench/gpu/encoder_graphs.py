@@ -6,7 +6,8 @@ Check (fp16 and fp32 encoders, planned without autotuning as in the TF kernel; a
 batches 1-128 of lengths U[0,32] with empty rows, the same lengths permuted, and all-32): every graph call equal to
 the eager launches bit for bit (a key's first call, replays with other tokens of the same bucket, keys interleaved),
 a graph captured on a key's first call only (none lost when the arena grows), and both against the float32 torch
-reference encoder on the same fp16-rounded input.
+reference encoder on the same fp16-rounded input; then calls from 4 threads at once onto one stream (keys mixed, one
+batch without tokens), each equal to its launches.
 Timing (fp16, first tokens, U[8,32]; the core's call alone, its inputs made beforehand): a bucket's first call, host
 to host per call (each waited for, as one serving request is), back to back (the host's or the GPU's pace), and the
 host's time in a call; launches, graphs, and graphs of autotuned plans, alternating in one process.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 
 import numpy as np
@@ -101,6 +103,40 @@ def check(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Genera
     return rows, ok
 
 
+def check_threads(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Generator) -> dict:
+    """Calls from several threads at once onto one stream, as TF Serving's batch threads reach the TF kernel on its
+    compute stream: a mix of keys (some captured while the others wait), a batch with no tokens at all, and every
+    output equal to the launches' one by one computed before."""
+    weights = {k: v.half().float() for k, v in w32.items()}
+    ranker = core.CudaRanker(lib, config, weights, torch.float16, 8, SEQ, autotune=False)
+    cases = []
+    for b, first_token_only in ((1, True), (3, True), (8, True), (3, False), (8, False), (3, True)):
+        lengths = np.zeros(b, np.int32) if len(cases) == 5 else rng.integers(0, SEQ + 1, b).astype(np.int32)
+        inp = EncoderInput(weights, config, torch.float16, lengths, rng)
+        cases.append((inp, first_token_only, ranker.encoder(inp.hidden, inp.lengths, first_token_only, graphs=False)))
+    torch.cuda.synchronize()
+    mismatches: list[int] = []
+
+    def worker(offset: int) -> None:
+        for call in range(30):
+            inp, first_token_only, expected = cases[(offset + call) % len(cases)]
+            out = ranker.encoder(inp.hidden, inp.lengths, first_token_only, graphs=True)
+            if not torch.equal(out, expected):
+                mismatches.append(call)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    result = {"threads": len(threads), "calls": 30 * len(threads), "mismatches": len(mismatches),
+              "graphs_held": ranker.encoder_graph_count(), "empty_batch_first_tokens_zero":
+              bool(torch.count_nonzero(cases[5][2]) == 0)}
+    result["ok"] = result["mismatches"] == 0 and result["empty_batch_first_tokens_zero"]
+    ranker.close()
+    return result
+
+
 def host_to_host_us(call, calls: int) -> dict:
     """Each call waited for before the next, as one serving request at a time: median and P99 microseconds."""
     start = time.monotonic()
@@ -141,7 +177,7 @@ def issue_us(call, calls: int) -> float:
 
 
 # (mode, graphs, autotuned): the TF kernel's launches before graphs, its graphs now (planned without autotuning),
-# and graphs of the harness's autotuned plans, which a serving op does not make (0.15-0.4 s a new bucket on the H200).
+# and graphs of the harness's autotuned plans, which a serving op does not make (0.3-0.4 s a new bucket on the H200).
 MODES = (("eager", False, False), ("graphs", True, False), ("graphs_autotuned", True, True))
 
 
@@ -192,7 +228,10 @@ def main(argv: list[str]) -> int:
     check_rows, ok = check(lib, config, w32, rng)
     print("check:", "ok" if ok else "FAILED", sum(r.get("ok", True) for r in check_rows), "of", len(check_rows),
           flush=True)
-    result = {"environment": environment(), "check_ok": ok, "check": check_rows}
+    threads = check_threads(lib, config, w32, rng)
+    print("threads:", json.dumps(threads), flush=True)
+    ok &= threads["ok"]
+    result = {"environment": environment(), "check_ok": ok, "check": check_rows, "threads": threads}
     result["timing"] = timings(lib, config, w32, rng, args.rounds)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
