@@ -18,9 +18,9 @@ Usage: python3 bench/gpu/encoder_graphs.py LIB.so --out FILE.json
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import sys
-import threading
 import time
 
 import numpy as np
@@ -124,12 +124,10 @@ def check_threads(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.rando
             if not torch.equal(out, expected):
                 mismatches.append(call)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    result = {"threads": len(threads), "calls": 30 * len(threads), "mismatches": len(mismatches),
+    threads = 4
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(worker, range(threads)))  # re-raises a worker's exception
+    result = {"threads": threads, "calls": 30 * threads, "mismatches": len(mismatches),
               "graphs_held": ranker.encoder_graph_count(), "empty_batch_first_tokens_zero":
               bool(torch.count_nonzero(cases[5][2]) == 0)}
     result["ok"] = result["mismatches"] == 0 and result["empty_batch_first_tokens_zero"]
