@@ -172,6 +172,11 @@ template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
              void* workspace, GemmContext* gemm, void* stream, T* first_tokens = nullptr);
 
+// host[0:count] -> device, enqueued on stream through a pageable copy of the core's own: cudaMemcpyAsync from
+// pageable memory returns once the driver has staged it, so the source may be reused at once (from pinned memory,
+// which TF may hand a host-memory input in, it would be read later, after the caller reused it).
+void CopyIndicesToDevice(const int32_t* host, int64_t count, int32_t* device, void* stream);
+
 // Device memory kept between calls, the arena CUDA graphs run on (kernels/cuda/graph_cache.h): TensorFlow's
 // allocator in the TF kernel, cudaMalloc in the C ABI. It goes back when the last copy of the pointer does.
 using DeviceAllocator = std::function<std::shared_ptr<void>(int64_t bytes)>;

@@ -7,14 +7,12 @@
 // registers the ops). The core is built with CUDA 13 and links its runtime statically; it runs on the stream
 // TensorFlow passes, and captures the encoder's graphs on a stream of its own (see custom_ops/kernels/cuda/README.md
 // on mixing it with TensorFlow's CUDA 12).
-#include <cuda_runtime.h>
 
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -52,21 +50,10 @@ absl::Status CallCore(const Fn& fn) {
   }
 }
 
-absl::Status CheckCuda(cudaError_t status, const char* what) {
-  if (status == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("bertserve CUDA core: ", what, ": ", cudaGetErrorString(status)));
-}
-
-// A device copy of host int32 data, enqueued on the op's stream. The data goes through a pageable buffer of our
-// own: cudaMemcpyAsync from pageable memory returns once it is staged, so neither buffer must outlive the call
-// (a pinned source, which TF may hand a HostMemory input in, would be read later, after TF reused it).
+// A device copy of host int32 data (cuda::CopyIndicesToDevice), enqueued on the op's stream.
 absl::Status ToDevice(OpKernelContext* ctx, const int32_t* host, int64_t count, Tensor* device) {
   TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT32, TensorShape({count}), device));
-  if (count == 0) return absl::OkStatus();
-  const std::vector<int32_t> pageable(host, host + count);
-  return CheckCuda(cudaMemcpyAsync(device->flat<int32_t>().data(), pageable.data(), count * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, static_cast<cudaStream_t>(StreamOf(ctx))),
-                   "copy of host indices to the device");
+  return CallCore([&] { cuda::CopyIndicesToDevice(host, count, device->flat<int32_t>().data(), StreamOf(ctx)); });
 }
 
 template <typename T>

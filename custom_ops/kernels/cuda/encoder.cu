@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -113,17 +114,20 @@ bool UsesCustomGemms(const GemmContext* gemm, const EncoderDims& dims, bool half
   return half && OptionsOf(gemm).custom_gemms && dims.hidden % 8 == 0 && dims.intermediate % 8 == 0;
 }
 
+// Every token's attention over buf.qkv into buf.context.
+template <typename D>
+void Attention(const EncoderDims& dims, const PackedBatch& batch, const EncoderBuffers<D>& buf, void* stream) {
+  LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
+                     dims.head_size(), buf.context, AsStream(stream));
+}
+
 // The QKV GEMM into buf.qkv, autotuned (when it is) with the attention after each candidate, into buf.context,
 // which the layer's attention then writes anyway.
 template <typename D>
 void QkvGemm(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
              const D* x, GemmContext* gemm, void* stream) {
-  const auto attention = [&] {
-    LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
-                       dims.head_size(), buf.context, AsStream(stream));
-  };
   Gemm<D, D>(gemm, x, w.qkv_kernel, w.qkv_bias, buf.qkv, batch.num_tokens, 3 * dims.hidden, dims.hidden,
-             Epilogue::kBias, buf.gemm_workspace, stream, attention);
+             Epilogue::kBias, buf.gemm_workspace, stream, [&] { Attention<D>(dims, batch, buf, stream); });
 }
 
 // x = LayerNorm(in @ weight + bias + x) over `rows` rows: in fp16 with custom GEMMs as k-split partial products
@@ -191,8 +195,7 @@ template <typename D>
 void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
            bool custom_gemms, D* x, GemmContext* gemm, void* stream) {
   QkvGemm<D>(dims, w, batch, buf, x, gemm, stream);
-  LaunchAttention<D>(buf.qkv, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
-                     dims.head_size(), buf.context, AsStream(stream));
+  Attention<D>(dims, batch, buf, stream);
   AfterAttention<D>(dims, w, batch.num_tokens, buf, custom_gemms, x, gemm, stream);
 }
 
@@ -209,6 +212,14 @@ void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const Pa
 }
 
 }  // namespace
+
+void CopyIndicesToDevice(const int32_t* host, int64_t count, int32_t* device, void* stream) {
+  if (count == 0) return;
+  const std::vector<int32_t> pageable(host, host + count);
+  ThrowIfFailed(cudaMemcpyAsync(device, pageable.data(), count * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                AsStream(stream)),
+                "copy of host indices to the device");
+}
 
 int64_t TokenBucket(int64_t num_tokens) {
   if (num_tokens <= 256) return std::max<int64_t>(16, (num_tokens + 15) / 16 * 16);

@@ -68,9 +68,6 @@ void BucketedEncoder(GraphCache& graphs, bool use_graphs, const EncoderDims& dim
   }
   const int64_t rows = TokenBucket(real), seqlen_bound = SeqlenBound(batch.max_seqlen);
   const ArenaLayout a = ArenaLayout::Of<T>(dims, rows, batch.batch, first_token_only);
-  // A pageable copy: cudaMemcpyAsync returns once the driver has staged it, where from pinned memory (which TF may
-  // hand a host-memory input in) it would read the source later, after the caller reused it.
-  const std::vector<int32_t> cu(batch.cu_seqlens_host, batch.cu_seqlens_host + batch.batch + 1);
   GraphedCall call;
   call.key = KeyOf(dims, w, batch.batch, rows, seqlen_bound, first_token_only);
   call.arena_bytes = a.total;
@@ -81,9 +78,7 @@ void BucketedEncoder(GraphCache& graphs, bool use_graphs, const EncoderDims& dim
       ThrowIfFailed(cudaMemsetAsync(Bytes(arena, real * row_bytes), 0, (rows - real) * row_bytes, st),
                     "zeroing of the bucket's scratch rows");
     }
-    ThrowIfFailed(cudaMemcpyAsync(Bytes(arena, a.cu), cu.data(), cu.size() * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, st),
-                  "copy of cu_seqlens into the arena");
+    CopyIndicesToDevice(batch.cu_seqlens_host, batch.batch + 1, reinterpret_cast<int32_t*>(Bytes(arena, a.cu)), st);
   };
   call.forward = [&](void* arena, cudaStream_t st) {
     PackedBatch on_arena;  // no host cu_seqlens: a graph must not depend on one call's lengths
