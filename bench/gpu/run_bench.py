@@ -291,6 +291,10 @@ def stage_check(res: Results, lib) -> None:
     for seq in (64, 128, 256):
         ids_l, seg_l, lengths_l = mixed_inputs(mcfg["vocab_size"], 15, seed=seq, seq=seq)
         checks[f"minilm_real_seq{seq}"] = check_model(lib, mcfg, mw, ids_l, seg_l, lengths_l)
+    # A few rows of up to 64 tokens, one of them empty: the fused attention's 64-key variant at a few rows.
+    ids_l, seg_l, _ = mixed_inputs(mcfg["vocab_size"], 0, seed=7, seq=64)
+    checks["minilm_real_seq64_few_rows"] = check_model(lib, mcfg, mw, ids_l[:3], seg_l[:3],
+                                                       np.array([41, 0, 64], np.int32))
     ids_l, seg_l, lengths_l = mixed_inputs(cfg["vocab_size"], 15, seed=11, seq=128)
     checks["chitchat_random_seq128"] = check_model(lib, cfg, w32, ids_l, seg_l, lengths_l)
     checks["padding_ops"] = check_padding_ops(lib)

@@ -172,9 +172,9 @@ template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
              void* workspace, GemmContext* gemm, void* stream, T* first_tokens = nullptr);
 
-// host[0:count] -> device, enqueued on stream through a pageable copy of the core's own: cudaMemcpyAsync from
-// pageable memory returns once the driver has staged it, so the source may be reused at once (from pinned memory,
-// which TF may hand a host-memory input in, it would be read later, after the caller reused it).
+// host[0:count] -> device, enqueued on stream in the parameters of a kernel that writes them (1,000 a launch): they
+// are copied at the launch, so the source may be reused at once, and no pageable copy goes through the copy engine
+// (a cudaMemcpyAsync from pinned memory, which TF may hand a host-memory input in, would read it later).
 void CopyIndicesToDevice(const int32_t* host, int64_t count, int32_t* device, void* stream);
 
 // Device memory kept between calls, the arena CUDA graphs run on (kernels/cuda/graph_cache.h): TensorFlow's
@@ -185,10 +185,11 @@ class GraphCache;
 // The encoder as the TF kernel runs it, on the caller's buffers: hidden_in holds the real tokens [cu_seqlens[batch],
 // H] (batch.num_tokens of them; the host cu_seqlens and max_seqlen are read, cu_seqlens_device is not); out receives
 // every token's output, [cu_seqlens[batch], H], or with first_token_only each row's first token, [batch, H] (zeros
-// for a row without tokens). The tokens and cu_seqlens are copied into an arena of TokenBucket rows (the rows past
-// the real tokens zeroed), the encoder runs there, and the output is copied out. With use_graphs, its launches are
-// a CUDA graph per (batch, token bucket, attention size class, weights) and stream, replayed from a key's second
-// call on; without, the same launches one by one on the same arena (for comparison: the TF kernel uses graphs).
+// for a row without tokens). The tokens and cu_seqlens are staged in an arena of TokenBucket rows (the rows past
+// the real tokens zeroed; one kernel), the encoder runs there, and the output is copied out. With use_graphs, its
+// launches are a CUDA graph per (batch, token bucket, attention size class, weights) and stream, replayed from a
+// key's second call on; without, the same launches one by one on the same arena (for comparison: the TF kernel uses
+// graphs).
 template <typename T>
 void BucketedEncoder(GraphCache& graphs, bool use_graphs, const EncoderDims& dims, const EncoderWeights<T>& w,
                      const PackedBatch& batch, const T* hidden_in, bool first_token_only, T* out, GemmContext* gemm,

@@ -1,5 +1,8 @@
-// Memory-bound kernels of the CUDA core: one warp per row, pairs of elements (half2 / float2) per access,
-// fp32 statistics. See kernels.h for the contracts.
+// Memory-bound kernels of the CUDA core: the row kernels (one warp per row, pairs of elements (half2 / float2) per
+// access, fp32 statistics), bias + GELU, and the staging of inputs. See kernels.h for the contracts.
+#include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -369,7 +372,44 @@ __global__ void SpinKernel(int64_t cycles) {
   }
 }
 
+// Host indices travel in the kernel's parameters (4 KB a launch), so no pageable host-to-device copy is needed.
+constexpr int kIndicesPerLaunch = 1000;
+struct HostIndices {
+  int32_t values[kIndicesPerLaunch];
+  int32_t count;
+};
+
+// dst words [0, copy_words) from src, [copy_words, total_words) zero; indices_dst[0, count) from the parameters.
+__global__ void StageKernel(const uint32_t* __restrict__ src, int64_t copy_words, int64_t total_words,
+                            uint32_t* __restrict__ dst, HostIndices indices, int32_t* __restrict__ indices_dst) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = first; i < indices.count; i += stride) indices_dst[i] = indices.values[i];
+  for (int64_t i = first; i < total_words; i += stride) dst[i] = i < copy_words ? src[i] : 0u;
+}
+
 }  // namespace
+
+void LaunchStage(const void* src, int64_t copy_bytes, int64_t total_bytes, void* dst, const int32_t* host_indices,
+                 int64_t count, int32_t* indices, cudaStream_t stream) {
+  if (copy_bytes % 4 != 0 || total_bytes % 4 != 0 || copy_bytes > total_bytes) {
+    throw std::runtime_error("staging copies whole 4-byte words, got " + std::to_string(copy_bytes) + " of " +
+                             std::to_string(total_bytes) + " bytes");
+  }
+  int64_t done = 0;
+  do {
+    HostIndices chunk{};
+    chunk.count = static_cast<int32_t>(std::min<int64_t>(count - done, kIndicesPerLaunch));
+    std::copy(host_indices + done, host_indices + done + chunk.count, chunk.values);
+    const int64_t words = done == 0 ? total_bytes / 4 : 0;  // the first launch also copies the words
+    const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(std::max<int64_t>(words, chunk.count),
+                                                                              256 * 4), 1, 132 * 4));
+    StageKernel<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t*>(src), done == 0 ? copy_bytes / 4 : 0, words,
+                                            static_cast<uint32_t*>(dst), chunk, indices + done);
+    CheckLaunch("StageKernel");
+    done += chunk.count;
+  } while (done < count);
+}
 
 void LaunchSpin(int64_t cycles, cudaStream_t stream) {
   SpinKernel<<<1, 1, 0, stream>>>(cycles);

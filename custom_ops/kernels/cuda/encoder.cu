@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -215,10 +214,7 @@ void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const Pa
 
 void CopyIndicesToDevice(const int32_t* host, int64_t count, int32_t* device, void* stream) {
   if (count == 0) return;
-  const std::vector<int32_t> pageable(host, host + count);
-  ThrowIfFailed(cudaMemcpyAsync(device, pageable.data(), count * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                AsStream(stream)),
-                "copy of host indices to the device");
+  LaunchStage(nullptr, 0, 0, nullptr, host, count, device, AsStream(stream));
 }
 
 int64_t TokenBucket(int64_t num_tokens) {

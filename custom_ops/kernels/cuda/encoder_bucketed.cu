@@ -6,6 +6,7 @@
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/graph_cache.h"
+#include "custom_ops/kernels/cuda/kernels.h"
 
 namespace bertserve {
 namespace cuda {
@@ -72,13 +73,8 @@ void BucketedEncoder(GraphCache& graphs, bool use_graphs, const EncoderDims& dim
   call.key = KeyOf(dims, w, batch.batch, rows, seqlen_bound, first_token_only);
   call.arena_bytes = a.total;
   call.stage_in = [&](void* arena, cudaStream_t st) {
-    ThrowIfFailed(cudaMemcpyAsync(arena, hidden_in, real * row_bytes, cudaMemcpyDeviceToDevice, st),
-                  "copy of the tokens into the arena");
-    if (rows > real) {
-      ThrowIfFailed(cudaMemsetAsync(Bytes(arena, real * row_bytes), 0, (rows - real) * row_bytes, st),
-                    "zeroing of the bucket's scratch rows");
-    }
-    CopyIndicesToDevice(batch.cu_seqlens_host, batch.batch + 1, reinterpret_cast<int32_t*>(Bytes(arena, a.cu)), st);
+    LaunchStage(hidden_in, real * row_bytes, rows * row_bytes, arena, batch.cu_seqlens_host, batch.batch + 1,
+                reinterpret_cast<int32_t*>(Bytes(arena, a.cu)), st);
   };
   call.forward = [&](void* arena, cudaStream_t st) {
     PackedBatch on_arena;  // no host cu_seqlens: a graph must not depend on one call's lengths

@@ -3,7 +3,7 @@
 // A graph bakes in its kernels' arguments (pointers, shapes, plans), so a call copies its inputs into the arena,
 // replays, and copies its results out; the three are enqueued under one lock, so that calls from several threads onto
 // one stream (the TF kernel's, whatever thread runs it) never interleave on an arena. On the H200 a graph call, its
-// staging included, costs the host 22-37 us where launching a forward's ~45 kernels costs 0.2-0.3 ms, which at a
+// staging included, costs the host 21-38 us where launching a forward's ~45 kernels costs 0.2-0.3 ms, which at a
 // few rows is more than the forward's GPU time.
 #ifndef BERTSERVE_KERNELS_CUDA_GRAPH_CACHE_H_
 #define BERTSERVE_KERNELS_CUDA_GRAPH_CACHE_H_

@@ -43,6 +43,13 @@ void LaunchPartialsResidualLayerNorm(const float* partials, int parts, const T* 
                                      int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
                                      const int32_t* zero_rows_without_tokens = nullptr);
 
+// Inputs staged on the device in one launch where a copy, a fill and a host-to-device copy would take three
+// (BucketedEncoder's arena, CopyIndicesToDevice): dst [0, copy_bytes) from src, [copy_bytes, total_bytes) zeros,
+// indices [0, count) from host memory through the kernel's parameters (one more launch per 1,000 indices past the
+// first 1,000). Byte counts are multiples of 4, else std::runtime_error.
+void LaunchStage(const void* src, int64_t copy_bytes, int64_t total_bytes, void* dst, const int32_t* host_indices,
+                 int64_t count, int32_t* indices, cudaStream_t stream);
+
 // Keeps the stream busy for about `cycles` GPU clocks, so that launches enqueued behind it run back to back when
 // timed: the time measured is the GPU's, not the host's launch overhead.
 void LaunchSpin(int64_t cycles, cudaStream_t stream);
