@@ -34,7 +34,9 @@ ASSETS_EXTRA = "assets.extra"
 WARMUP_FILE = "tf_serving_warmup_requests"
 TOKENIZER_FILE = "bertserve_tokenizer.json"
 VOCAB_FILE = "vocab.txt"
-WARMUP_BATCH_SIZES = (1, 8, 32)
+# One request alone, then every allowed_batch_sizes entry of serving_config/batching_parameters.txt: the batcher pads
+# a batch to one of those, and the GPU op plans its GEMMs and captures a CUDA graph on a batch size's first call.
+WARMUP_BATCH_SIZES = (1, 8, 16, 32, 64)
 warmup_inputs = mixed_length_inputs  # what one warmup request carries: (config, batch_size, seq_length, seed)
 
 
