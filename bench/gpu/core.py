@@ -109,7 +109,8 @@ class CudaRanker:
             self.lib.bertserve_cuda_ranker_destroy(self.handle)
             self.handle = None
 
-    def _stage(self, ids: torch.Tensor, segments: torch.Tensor, lengths: np.ndarray) -> int:
+    def stage(self, ids: torch.Tensor, segments: torch.Tensor, lengths: np.ndarray) -> int:
+        """Copies a batch's inputs into the ranker's buffers (what a graph reads); returns its real token count."""
         b = ids.shape[0]
         self.ids[:b].copy_(ids, non_blocking=True)
         self.segments[:b].copy_(segments, non_blocking=True)
@@ -118,7 +119,8 @@ class CudaRanker:
         self.cu_device[: b + 1].copy_(self.cu_host[: b + 1])  # blocking: cu_host is reused by the next batch
         return int(cu[-1])
 
-    def _launch(self, batch: int, num_tokens: int, hidden_out: torch.Tensor | None = None) -> None:
+    def launch(self, batch: int, num_tokens: int, hidden_out: torch.Tensor | None = None) -> None:
+        """Launches one forward of the staged batch over num_tokens rows (the real count, or a bucket's)."""
         stream = torch.cuda.current_stream().cuda_stream
         check(self.lib, self.lib.bertserve_cuda_ranker_forward(
             self.handle, self.ids.data_ptr(), self.segments.data_ptr(), self.seq, batch, self.cu_host.data_ptr(),
@@ -130,25 +132,25 @@ class CudaRanker:
         """Eager launches (no graph) over exactly the real tokens, or (bucketed) over token_bucket of them, as the
         TF GPU kernel runs; returns scores [batch] (a view)."""
         b = ids.shape[0]
-        n = self._stage(ids, segments, lengths)
-        self._launch(b, self.token_bucket(n) if bucketed else n, hidden_out)
+        n = self.stage(ids, segments, lengths)
+        self.launch(b, self.token_bucket(n) if bucketed else n, hidden_out)
         return self.scores[:b]
 
     def graph_for(self, batch: int, bucket: int) -> torch.cuda.CUDAGraph:
         key = (batch, bucket)
         if key not in self.graphs:
-            self._launch(batch, bucket)  # plans the GEMMs outside capture
+            self.launch(batch, bucket)  # plans the GEMMs outside capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                self._launch(batch, bucket)
+                self.launch(batch, bucket)
             self.graphs[key] = graph
         return self.graphs[key]
 
     def forward_graph(self, ids: torch.Tensor, segments: torch.Tensor, lengths: np.ndarray) -> torch.Tensor:
         """Replays the (batch, token bucket) graph after staging the inputs; returns scores [batch] (a view)."""
         b = ids.shape[0]
-        n = self._stage(ids, segments, lengths)
+        n = self.stage(ids, segments, lengths)
         self.graph_for(b, self.token_bucket(n)).replay()
         return self.scores[:b]
 

@@ -313,7 +313,7 @@ def stage_check(res: Results, lib) -> None:
 def graph_replay_ms(ranker: core.CudaRanker, ids: torch.Tensor, seg: torch.Tensor, lengths: np.ndarray) -> float:
     """Median replay time of a graph captured for this batch, then dropped: a graph captured for an earlier row
     and replayed for this one measured up to 15 % slower (U[8,32] batch 1 after all-32 batch 1)."""
-    n = ranker._stage(ids, seg, lengths)
+    n = ranker.stage(ids, seg, lengths)
     ms = median_ms(ranker.graph_for(ids.shape[0], ranker.token_bucket(n)).replay)
     ranker.graphs.clear()
     return ms
@@ -340,7 +340,7 @@ def stage_time(res: Results, quick: bool) -> None:
             row = {"dist": dist, "batch": bs, "tokens": int(lengths.sum()),
                    "bucket": ranker.token_bucket(int(lengths.sum()))}
             row["core_graph_ms"] = graph_replay_ms(ranker, ids, seg, lengths)
-            row["core_eager_ms"] = median_ms(lambda: ranker._launch(bs, row["tokens"]))  # inputs still staged
+            row["core_eager_ms"] = median_ms(lambda: ranker.launch(bs, row["tokens"]))  # inputs still staged
             row["core_cublaslt_graph_ms"] = graph_replay_ms(cublaslt, ids, seg, lengths)  # side by side
             row["core_all_tokens_graph_ms"] = graph_replay_ms(all_tokens, ids, seg, lengths)
             with torch.inference_mode():
@@ -380,7 +380,7 @@ def stage_sustain(res: Results) -> None:
     ranker = core.CudaRanker(res.lib, cfg, w32, torch.float16, bs, SEQ)
     lengths = lengths_for("U8_32", bs, np.random.default_rng(10))
     ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
-    graph = ranker.graph_for(bs, ranker.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths)))
+    graph = ranker.graph_for(bs, ranker.token_bucket(ranker.stage(ids, torch.zeros_like(ids), lengths)))
     query = "--query-gpu=clocks.sm,power.draw,power.limit,temperature.gpu,clocks_throttle_reasons.active"
     smi = subprocess.Popen(["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "100"],
                            stdout=subprocess.PIPE, text=True)
@@ -449,14 +449,14 @@ def stage_profile(res: Results) -> None:
     for bs in (1, 32, 2048):
         lengths = lengths_for("U8_32", bs, rng)
         ids = torch.randint(1000, cfg["vocab_size"], (bs, SEQ), dtype=torch.int32, device="cuda")
-        n = ranker.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths))
+        n = ranker.token_bucket(ranker.stage(ids, torch.zeros_like(ids), lengths))
         graph = ranker.graph_for(bs, n)  # plans (and autotunes) every GEMM of this bucket before profiling
         for _ in range(3):
             graph.replay()
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
-                ranker._launch(bs, n)
+                ranker.launch(bs, n)
             torch.cuda.synchronize()
         table: dict[str, dict] = {}
         for e in prof.key_averages():

@@ -94,7 +94,8 @@ def replay(ranker: CudaRanker, params: BatchingParameters, traffic: Traffic, see
     return {
         "launch": "graph" if graphs else "eager", "offered_qps": traffic.qps,
         "achieved_qps": round(float(n / wall), 1), "queries": n,
-        "sequences_per_s": int(round(n * k / wall)), "batches": batches, "mean_rows_per_batch": round(n * k / batches, 1),
+        "sequences_per_s": int(round(n * k / wall)), "batches": batches,
+        "mean_rows_per_batch": round(n * k / batches, 1),
         "padded_rows_per_batch": round(padded_rows / batches, 1),
         "p50_ms": round(float(np.percentile(latency_ms, 50)), 3),
         "p90_ms": round(float(np.percentile(latency_ms, 90)), 3),

@@ -32,8 +32,8 @@ ROUNDS = 3
 
 def eager_ms(ranker: core.CudaRanker, ids: torch.Tensor, seg: torch.Tensor, lengths: np.ndarray) -> float:
     """Median time of one forward launched eagerly over the token bucket (its GEMMs planned by a graph before)."""
-    bucket = ranker.token_bucket(ranker._stage(ids, seg, lengths))
-    return rb.median_ms(lambda: ranker._launch(ids.shape[0], bucket))
+    bucket = ranker.token_bucket(ranker.stage(ids, seg, lengths))
+    return rb.median_ms(lambda: ranker.launch(ids.shape[0], bucket))
 
 
 def time_build(lib_path: str, rows: list[tuple[str, int]], eager: bool) -> list[dict]:

@@ -33,7 +33,7 @@ def split_rows(batch: int, parts: int) -> list[slice]:
 def capture(rankers: list[core.CudaRanker], pieces: list[tuple[int, int]], concurrent: bool) -> torch.cuda.CUDAGraph:
     """One graph of len(pieces) forwards (batch, bucket), ranker i running piece i."""
     for ranker, (batch, bucket) in zip(rankers, pieces):
-        ranker._launch(batch, bucket)  # plans the GEMMs outside capture
+        ranker.launch(batch, bucket)  # plans the GEMMs outside capture
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream() for _ in pieces[1:]]
     graph = torch.cuda.CUDAGraph()
@@ -41,14 +41,14 @@ def capture(rankers: list[core.CudaRanker], pieces: list[tuple[int, int]], concu
         main = torch.cuda.current_stream()
         if not concurrent:
             for ranker, (batch, bucket) in zip(rankers, pieces):
-                ranker._launch(batch, bucket)
+                ranker.launch(batch, bucket)
         else:
             for stream in streams:
                 stream.wait_stream(main)
-            rankers[0]._launch(*pieces[0])
+            rankers[0].launch(*pieces[0])
             for ranker, piece, stream in zip(rankers[1:], pieces[1:], streams):
                 with torch.cuda.stream(stream):
-                    ranker._launch(*piece)
+                    ranker.launch(*piece)
             for stream in streams:
                 main.wait_stream(stream)
     return graph
@@ -59,7 +59,7 @@ def time_row(whole: core.CudaRanker, split_rankers: dict[int, list[core.CudaRank
     """Best of ROUNDS replay medians for the whole batch and for each split, variants interleaved round by round.
     Each split has rankers of its own: a graph reads the inputs its rankers staged when it was captured."""
     batch = ids.shape[0]
-    whole._stage(ids, seg, lengths)
+    whole.stage(ids, seg, lengths)
     whole_graph = whole.graph_for(batch, whole.token_bucket(int(lengths.sum())))
     variants = {"whole": whole_graph.replay}  # bound methods keep their graphs alive
     worst = 0.0
@@ -68,7 +68,7 @@ def time_row(whole: core.CudaRanker, split_rankers: dict[int, list[core.CudaRank
             continue
         pieces = []
         for ranker, rows in zip(rankers, split_rows(batch, parts)):
-            n = ranker._stage(ids[rows], seg[rows], lengths[rows])
+            n = ranker.stage(ids[rows], seg[rows], lengths[rows])
             pieces.append((rows.stop - rows.start, ranker.token_bucket(n)))
         for concurrent in (True, False):
             graph = capture(rankers, pieces, concurrent)

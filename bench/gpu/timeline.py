@@ -26,7 +26,7 @@ REPLAYS = 3  # profiled back to back; the middle one is reported
 def timeline(ranker: core.CudaRanker, vocab_size: int, batch: int, rng: np.random.Generator) -> dict:
     lengths = rb.lengths_for("U8_32", batch, rng)
     ids = torch.randint(1000, vocab_size, (batch, rb.SEQ), dtype=torch.int32, device="cuda")
-    bucket = ranker.token_bucket(ranker._stage(ids, torch.zeros_like(ids), lengths))
+    bucket = ranker.token_bucket(ranker.stage(ids, torch.zeros_like(ids), lengths))
     graph = ranker.graph_for(batch, bucket)
     for _ in range(200):  # clocks up, plans made
         graph.replay()

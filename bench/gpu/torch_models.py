@@ -72,7 +72,8 @@ def hf_config(config: Mapping[str, float], attn_implementation: str):
 
 
 def hf_ranker(config: Mapping[str, float], w: Mapping[str, torch.Tensor] | None, attn_implementation: str):
-    """BertForSequenceClassification on the GPU; with w, loaded from BertWeights-named tensors ([in, out] -> [out, in])."""
+    """BertForSequenceClassification on the GPU; with w, loaded from BertWeights-named tensors
+    ([in, out] -> [out, in])."""
     from transformers import BertForSequenceClassification
     model = BertForSequenceClassification(hf_config(config, attn_implementation)).cuda().eval()
     if w is None:

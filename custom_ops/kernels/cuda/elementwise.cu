@@ -175,7 +175,9 @@ __global__ void BiasGeluKernel(T* __restrict__ x, const T* __restrict__ bias, in
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (!vectorized) {
-    for (int64_t i = first; i < count; i += stride) x[i] = FromFloat<T>(GeluErf(ToFloat(x[i]) + ToFloat(bias[i % width])));
+    for (int64_t i = first; i < count; i += stride) {
+      x[i] = FromFloat<T>(GeluErf(ToFloat(x[i]) + ToFloat(bias[i % width])));
+    }
     return;
   }
   const int64_t vectors = count / kVec;

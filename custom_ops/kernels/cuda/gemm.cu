@@ -30,14 +30,9 @@ void ThrowIfFailed(cublasStatus_t status, const std::string& what) {
 }
 
 template <typename T>
-cudaDataType_t DataType();
-template <>
-cudaDataType_t DataType<__half>() {
-  return CUDA_R_16F;
-}
-template <>
-cudaDataType_t DataType<float>() {
-  return CUDA_R_32F;
+constexpr cudaDataType_t DataType() {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, float>, "fp16 or fp32 operands");
+  return std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_32F;
 }
 
 // Descriptors and algorithm for one shape. Row-major Y = X W is computed as the column-major Y^T = W^T X^T, so
@@ -221,8 +216,9 @@ Plan MakePlan(GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue ep
   const uint64_t workspace = kGemmWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                        sizeof(workspace));
-  for (const auto attribute : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+  for (const auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment));
   }
   cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates] = {};
