@@ -4,9 +4,10 @@ Queries arrive as a Poisson process; each carries K (query, reply) pairs padded 
 client sends them. The batcher follows BasicBatchScheduler with one batch thread (the GPU): a task (one query,
 K rows) joins the open batch unless that would exceed max_batch_size; a batch closes when full or when
 batch_timeout_micros have passed since its first task arrived; a closed batch is padded up to the next
-allowed_batch_sizes entry (padding rows have no real token) and run as one forward: a CUDA-graph replay, or eager
-launches over the token count rounded up to the core's TokenBucket, which is what the TF GPU kernel does
-(TensorFlow captures no graphs for it).
+allowed_batch_sizes entry (padding rows have no real token) and run as one forward: a replay of the ranker's CUDA
+graph (autotuned plans), or eager launches over the token count rounded up to the core's TokenBucket, planned
+without autotuning, as the TF GPU kernel ran until it replayed graphs of its own (BucketedEncoder, with untuned
+plans: encoder_graphs.py times that path).
 Latency is completion minus arrival, so it includes queueing, batching delay and the GPU time, as a client would
 see it.
 """
