@@ -1,7 +1,8 @@
-// The FFN GEMM + GELU's tile configurations (CUTLASS M x N x K = features x tokens x k): the two small ping-pong
-// tiles for a few hundred tokens, wide cooperative and ping-pong tiles with 2-block clusters for thousands (each
-// ping-pong consumer warp group owns a tile, so one group's GELU epilogue overlaps the other's main loop), and a
-// cooperative 256x96 tile, which at ~1,000 tokens makes one wave on 132 SMs (12 x 11 tiles at 1,024; log, step 39).
+// The FFN GEMM + GELU's tile configurations (CUTLASS M x N x K = features x tokens x k): the small tiles
+// (cutlass_gemm_kernels.cuh) for a few hundred tokens, wide cooperative and ping-pong tiles with 2-block clusters
+// for thousands (each ping-pong consumer warp group owns a tile, so one group's GELU epilogue overlaps the other's
+// main loop), and a cooperative 256x96 tile, which at ~1,000 tokens makes one wave on 132 SMs (12 x 11 tiles at
+// 1,024; log, step 39).
 #include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
 
 namespace bertserve {
@@ -18,9 +19,7 @@ const std::vector<Runner>& GeluRunners() {
   using PingpongSquare = Kernel<F, Shape<_128, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   using PingpongNarrow = Kernel<F, Shape<_64, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   using TallNarrow = Kernel<F, Shape<_256, _96, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>;
-  static const std::vector<Runner> runners = {
-      {"ping-pong 64x64x64", &SmallTileKernel<F>::Run},
-      {"ping-pong 64x32x128", &NarrowTileKernel<F>::Run},
+  static const std::vector<Runner> runners = WithSmallTiles<F>({
       {"cooperative 128x256x64 cluster 2x1", &Wide::Run},
       {"cooperative 256x128x64 cluster 1x2", &Tall::Run},
       {"cooperative 128x128x64 cluster 2x1", &Square::Run},
@@ -28,7 +27,7 @@ const std::vector<Runner>& GeluRunners() {
       {"ping-pong 128x128x64 cluster 2x1", &PingpongSquare::Run},
       {"ping-pong 64x128x64 cluster 2x1", &PingpongNarrow::Run},
       {"cooperative 256x96x64", &TallNarrow::Run},
-  };
+  });
   return runners;
 }
 

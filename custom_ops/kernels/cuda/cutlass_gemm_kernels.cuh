@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -140,7 +141,10 @@ struct Kernel {
   static constexpr int kAlign = 8;  // 16 bytes of fp16: TMA's requirement on every leading dimension
   using Out = std::conditional_t<F == Fused::kFp32Partials, float, Half>;
   static constexpr int kAlignOut = 16 / sizeof(Out);
-  using Fusion = typename FusionOf<F>::type;
+  // An epilogue storing from registers takes its fusion with no source operand.
+  using Fusion = std::conditional_t<std::is_same_v<EpilogueSchedule, cutlass::epilogue::NoSmemWarpSpecialized>,
+                                    cutlass::epilogue::fusion::LinearCombination<Out, float, void, float>,
+                                    typename FusionOf<F>::type>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, Layout, kAlignOut, Out, Layout,
@@ -209,15 +213,33 @@ struct Kernel {
   }
 };
 
-// The small tiles every table starts with (cutlass_gemm_runners.h: kSmallTile, kNarrowTile): ping-pong 64x64x64,
-// and 64 features x 32 tokens x 128 of k, which at 32 rows or fewer loads no padding tokens and makes half as many
-// pipeline steps (log, step 33).
+// The small tiles every table starts with (cutlass_gemm_runners.h: kSmallTile .. kBasicSmallTile): 64x64x64, and
+// 64 features x 32 tokens x 128 of k, which at 32 rows or fewer loads no padding tokens and makes half as many
+// pipeline steps (log, step 33); each as a persistent ping-pong kernel and as a non-persistent one (one consumer
+// warp group, no tile scheduler; its epilogue stores from registers where the fusion has no bias), whose chain
+// from launch to end is shorter at a few rows (log, step 44).
+template <Fused F, class TileShape>
+using PingpongTileKernel = Kernel<F, TileShape, cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
+template <Fused F, class TileShape>
+using BasicTileKernel =
+    Kernel<F, TileShape, cute::Shape<cute::_1, cute::_1, cute::_1>, cutlass::gemm::KernelTmaWarpSpecialized,
+           std::conditional_t<F == Fused::kNone || F == Fused::kFp32Partials,
+                              cutlass::epilogue::NoSmemWarpSpecialized, cutlass::epilogue::TmaWarpSpecialized>>;
+using SmallTile = cute::Shape<cute::_64, cute::_64, cute::_64>;
+using NarrowTile = cute::Shape<cute::_64, cute::_32, cute::_128>;
+
+// A table: the small tiles, then `others`.
 template <Fused F>
-using SmallTileKernel = Kernel<F, cute::Shape<cute::_64, cute::_64, cute::_64>,
-                               cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
-template <Fused F>
-using NarrowTileKernel = Kernel<F, cute::Shape<cute::_64, cute::_32, cute::_128>,
-                                cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
+std::vector<Runner> WithSmallTiles(std::initializer_list<Runner> others) {
+  std::vector<Runner> runners = {
+      {"ping-pong 64x64x64", &PingpongTileKernel<F, SmallTile>::Run},
+      {"ping-pong 64x32x128", &PingpongTileKernel<F, NarrowTile>::Run},
+      {"basic 64x32x128", &BasicTileKernel<F, NarrowTile>::Run},
+      {"basic 64x64x64", &BasicTileKernel<F, SmallTile>::Run},
+  };
+  runners.insert(runners.end(), others);
+  return runners;
+}
 
 // The tile configurations of the GEMMs without GELU, CUTLASS M x N x K = features x tokens x k: the small tiles,
 // then the two others that beat or matched cuBLASLt somewhere from 32 to 736 tokens on the H200 once launched as
@@ -228,12 +250,10 @@ const std::vector<Runner>& PlainRunners() {
   using namespace cute;
   using Wide = Kernel<F, Shape<_64, _128, _64>, Shape<_1, _1, _1>, Pingpong, PingpongEpilogue>;
   using Square = Kernel<F, Shape<_128, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>;
-  static const std::vector<Runner> runners = {
-      {"ping-pong 64x64x64", &SmallTileKernel<F>::Run},
-      {"ping-pong 64x32x128", &NarrowTileKernel<F>::Run},
+  static const std::vector<Runner> runners = WithSmallTiles<F>({
       {"ping-pong 64x128x64", &Wide::Run},
       {"cooperative 128x128x64", &Square::Run},
-  };
+  });
   return runners;
 }
 

@@ -49,12 +49,15 @@ struct Runner {
   cutlass::Status (*run)(const Problem& p, cudaStream_t stream);
 };
 
-// The configurations for one epilogue. Each table starts with the two small tiles (one block a cluster):
-// ping-pong 64x64x64, and the narrow ping-pong 64x32x128 (features x tokens x k) for 32 rows or fewer.
+// The configurations for one epilogue. Each table starts with the four small tiles (one block a cluster):
+// 64x64x64 and the narrow 64x32x128 (features x tokens x k, for 32 rows or fewer), each as a persistent ping-pong
+// kernel and as a non-persistent ("basic") one.
 const std::vector<Runner>& Runners(Fused fused);
 constexpr int kSmallTile = 0;
 constexpr int kNarrowTile = 1;
-inline bool IsSmallTile(int runner) { return runner == kSmallTile || runner == kNarrowTile; }
+constexpr int kBasicNarrowTile = 2;
+constexpr int kBasicSmallTile = 3;
+inline bool IsSmallTile(int runner) { return runner >= kSmallTile && runner <= kBasicSmallTile; }
 
 // Whether a shape nobody timed runs as a small-tile kernel rather than cuBLASLt: a few hundred rows or fewer,
 // and k <= n. On the H200 (log, step 31) it beat cuBLASLt there in the forward; with k = 4n (the FFN output) its
@@ -65,10 +68,14 @@ inline bool IsSmallTile(int runner) { return runner == kSmallTile || runner == k
 constexpr int64_t kSmallGemmMaxTokens = 256;
 inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
 
-// Which small tile a shape nobody timed runs as: the narrow one up to kNarrowTileMaxTokens rows, where the
-// autotuner chose it for every GEMM of the chit-chat ranker (1, 8 and 32 rows; log, step 33).
+// Which small tile a shape nobody timed runs as: the narrow one as a non-persistent kernel up to
+// kNarrowTileMaxTokens rows, where the autotuner chose it for nearly every GEMM of the chit-chat ranker (1, 8 and
+// 32 rows, five processes; log, step 44; the ping-pong narrow tile before it, step 33), the ping-pong 64x64x64
+// above.
 constexpr int64_t kNarrowTileMaxTokens = 32;
-inline int DefaultSmallTile(const Problem& p) { return p.m <= kNarrowTileMaxTokens ? kNarrowTile : kSmallTile; }
+inline int DefaultSmallTile(const Problem& p) {
+  return p.m <= kNarrowTileMaxTokens ? kBasicNarrowTile : kSmallTile;
+}
 
 // Whether CUTLASS's TMA can take these operands: n and k / k_splits multiples of 8, k_splits dividing k, every
 // pointer 16-byte aligned.
