@@ -34,6 +34,27 @@ cpu::ThreadPool IntraOpPool(OpKernelContext* ctx) {
   return pool;
 }
 
+// BertEncoder's output, and the [N, H] tensor the encoder runs in place on (the caller copies `hidden` into it
+// unless they share a buffer): the output itself, or with first_token_only a scratch tensor (hidden's buffer when TF
+// can forward it) beside an output of the rows' first tokens [batch, H].
+struct EncoderOutputs {
+  Tensor* output = nullptr;
+  Tensor* tokens = nullptr;
+  Tensor scratch;
+};
+absl::Status AllocateEncoderOutputs(OpKernelContext* ctx, bool first_token_only, int64_t batch, EncoderOutputs* out) {
+  const Tensor& hidden = ctx->input(0);
+  if (!first_token_only) {
+    TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output({0}, 0, hidden.shape(), &out->output));
+    out->tokens = out->output;
+    return absl::OkStatus();
+  }
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({batch, hidden.dim_size(1)}), &out->output));
+  TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_temp({0}, hidden.dtype(), hidden.shape(), &out->scratch));
+  out->tokens = &out->scratch;
+  return absl::OkStatus();
+}
+
 template <typename T>
 class BertEmbeddingOp : public OpKernel {
  public:

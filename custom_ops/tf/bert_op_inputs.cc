@@ -155,20 +155,6 @@ absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_hea
   return absl::OkStatus();
 }
 
-absl::Status AllocateEncoderOutputs(tensorflow::OpKernelContext* ctx, bool first_token_only, int64_t batch,
-                                    EncoderOutputs* out) {
-  const Tensor& hidden = ctx->input(0);
-  if (!first_token_only) {
-    TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output({0}, 0, hidden.shape(), &out->output));
-    out->tokens = out->output;
-    return absl::OkStatus();
-  }
-  TF_RETURN_IF_ERROR(ctx->allocate_output(0, tensorflow::TensorShape({batch, hidden.dim_size(1)}), &out->output));
-  TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_temp({0}, hidden.dtype(), hidden.shape(), &out->scratch));
-  out->tokens = &out->scratch;
-  return absl::OkStatus();
-}
-
 #define BERTSERVE_INSTANTIATE(T)                                                                          \
   template absl::Status ReadEmbeddingInputs<T>(tensorflow::OpKernelContext*, float, int32_t*, PackedBatch*, \
                                                EmbeddingWeights<CoreType<T>>*);                             \

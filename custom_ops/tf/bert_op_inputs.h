@@ -63,17 +63,6 @@ template <typename T>
 absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
                                EncoderDims* dims, EncoderWeights<CoreType<T>>* weights);
 
-// BertEncoder's output on the CPU, and the [N, H] tensor the encoder runs in place on (the caller copies `hidden`
-// into it unless they share a buffer): the output itself, or with first_token_only a scratch tensor (hidden's buffer
-// when TF can forward it) beside an output of the rows' first tokens [batch, H].
-struct EncoderOutputs {
-  tensorflow::Tensor* output = nullptr;
-  tensorflow::Tensor* tokens = nullptr;
-  tensorflow::Tensor scratch;
-};
-absl::Status AllocateEncoderOutputs(tensorflow::OpKernelContext* ctx, bool first_token_only, int64_t batch,
-                                    EncoderOutputs* out);
-
 }  // namespace tf
 }  // namespace bertserve
 

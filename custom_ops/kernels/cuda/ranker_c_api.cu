@@ -7,7 +7,6 @@
 #include <exception>
 #include <memory>
 #include <string>
-#include <type_traits>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -125,6 +124,14 @@ PackedBatch MakeBatch(int64_t batch, int64_t num_tokens, int64_t max_seqlen, con
   b.cu_seqlens_host = cu_host;
   b.cu_seqlens_device = cu_device;
   return b;
+}
+
+// The encoder as the TF kernel runs it (BucketedEncoder), with the ranker's encoder weights and cudaMalloc'd arenas.
+template <typename T>
+void EncoderForward(Ranker& r, const PackedBatch& batch, const void* hidden_in, bool first_token_only, bool graphs,
+                    void* out, void* stream) {
+  BucketedEncoder<T>(r.encoder_graphs, graphs, r.dims, EncoderWeightsOf<T>(r), batch, static_cast<const T*>(hidden_in),
+                     first_token_only, static_cast<T*>(out), r.gemm, CudaMalloced, stream);
 }
 
 template <typename Fn>
@@ -248,17 +255,11 @@ int bertserve_cuda_encoder_forward(void* ranker, const void* hidden_in, int64_t 
     if (!problem.empty()) throw std::runtime_error(problem);
     const bertserve::PackedBatch b = bertserve::cuda::MakeBatch(
         batch, cu_seqlens_host[batch], bertserve::MaxSeqlen(cu_seqlens_host, batch), cu_seqlens_host, nullptr);
-    auto run = [&](auto* typed) {
-      using T = std::remove_pointer_t<decltype(typed)>;
-      bertserve::cuda::BucketedEncoder<T>(r.encoder_graphs, graphs != 0, r.dims,
-                                          bertserve::cuda::EncoderWeightsOf<T>(r), b, static_cast<const T*>(hidden_in),
-                                          first_token_only != 0, static_cast<T*>(out), r.gemm,
-                                          bertserve::cuda::CudaMalloced, stream);
-    };
     if (r.half) {
-      run(static_cast<bertserve::fp16*>(nullptr));
+      bertserve::cuda::EncoderForward<bertserve::fp16>(r, b, hidden_in, first_token_only != 0, graphs != 0, out,
+                                                       stream);
     } else {
-      run(static_cast<float*>(nullptr));
+      bertserve::cuda::EncoderForward<float>(r, b, hidden_in, first_token_only != 0, graphs != 0, out, stream);
     }
   });
 }
