@@ -13,12 +13,12 @@ from tiny_models import build_tiny_ranker  # noqa: E402
 
 
 @pytest.fixture
-def start_server():
-    """Starts servers for one test and always stops them."""
+def start_server(tmp_path):
+    """Starts servers for one test (their logs in its temporary folder) and always stops them."""
     started: list[ServerProcess] = []
 
     def start(*flags: str, ready: bool = True, env: dict[str, str] | None = None) -> ServerProcess:
-        server = ServerProcess(*flags, env=env)
+        server = ServerProcess(*flags, log_dir=str(tmp_path), env=env)
         started.append(server)
         return server.wait_ready() if ready else server
 

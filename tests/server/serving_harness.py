@@ -33,11 +33,12 @@ def metric_total(text: str, name: str, **labels: str) -> float:
 class ServerProcess:
     """`bertserve serve ...` in a subprocess, reached only through gRPC stubs and HTTP."""
 
-    def __init__(self, *flags: str, env: dict[str, str] | None = None):
-        log = tempfile.NamedTemporaryFile(prefix="bertserve-serve-", suffix=".log", delete=False)
-        log.close()
+    def __init__(self, *flags: str, log_dir: str, env: dict[str, str] | None = None):
+        """log_dir: a test's temporary folder (pytest keeps the last runs' for reading, then removes them)."""
+        handle, log_path = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=log_dir)
+        os.close(handle)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
-        self.server = launch(flags, log.name, env)
+        self.server = launch(flags, log_path, env)
         self.proc = self.server.process
         self.channel = grpc.insecure_channel(self.server.target)
         self.predict = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)

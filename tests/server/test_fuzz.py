@@ -103,7 +103,7 @@ def server(models_dir, tmp_path_factory):
     config = tmp_path_factory.mktemp("fuzz") / "batching.txt"
     config.write_text("max_batch_size { value: 32 } batch_timeout_micros { value: 1000 }")
     process = ServerProcess("--model_name=tiny", f"--model_base_path={models_dir}/tiny", "--enable_batching",
-                            f"--batching_parameters_file={config}").wait_ready()
+                            f"--batching_parameters_file={config}", log_dir=str(config.parent)).wait_ready()
     yield process
     assert process.terminate() == 0
 

@@ -38,7 +38,8 @@ model_config_list {{
     (config_dir / "monitoring.config").write_text(f'prometheus_config {{ enable: true path: "{METRICS_PATH}" }}')
     process = ServerProcess(f"--model_config_file={config_dir}/models.config", "--enable_batching=true",
                             f"--batching_parameters_file={config_dir}/batching.txt",
-                            f"--monitoring_config_file={config_dir}/monitoring.config").wait_ready()
+                            f"--monitoring_config_file={config_dir}/monitoring.config",
+                            log_dir=str(config_dir)).wait_ready()
     yield process
     assert process.terminate() == 0
 

@@ -34,7 +34,8 @@ def server(models_dir, tmp_path_factory):
     (config_dir / "monitoring.config").write_text(f'prometheus_config {{ enable: true path: "{METRICS_PATH}" }}')
     process = ServerProcess("--model_name=tiny", f"--model_base_path={models_dir}/tiny", "--enable_batching=true",
                             f"--batching_parameters_file={config_dir}/batching.txt",
-                            f"--monitoring_config_file={config_dir}/monitoring.config").wait_ready()
+                            f"--monitoring_config_file={config_dir}/monitoring.config",
+                            log_dir=str(config_dir)).wait_ready()
     yield process
     assert process.terminate() == 0
 
