@@ -34,7 +34,7 @@ class ServerProcess:
     """`bertserve serve ...` in a subprocess, reached only through gRPC stubs and HTTP."""
 
     def __init__(self, *flags: str, log_dir: str, env: dict[str, str] | None = None):
-        """log_dir: a test's temporary folder (pytest keeps the last runs' for reading, then removes them)."""
+        """log_dir: a test's temporary folder (pytest keeps those of its last three runs, then removes them)."""
         handle, log_path = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=log_dir)
         os.close(handle)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
