@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
+from bertserve.client.demo import SERVING_BATCHING
 from bertserve.export import graph, saved, validate
 from bertserve.server.config_files import read_batching_options
 
@@ -111,11 +112,9 @@ def test_version_rules(tmp_path, tiny_weights, tiny_vocab):
         saved.write_version(module, tiny_weights.config, str(tmp_path), "tiny", 1, tokenizer(tiny_vocab))
 
 
-
 def test_warmup_covers_every_batch_size_the_shipped_batching_config_runs():
     """The batcher pads a batch to an allowed size; each of those must be warmed up (the GPU op captures a CUDA
     graph on a batch size's first call), and so must a request alone."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    options = read_batching_options(os.path.join(root, "serving_config", "batching_parameters.txt"))
+    options = read_batching_options(SERVING_BATCHING)
     assert options.allowed_batch_sizes, "the shipped batching config pads to allowed_batch_sizes"
     assert set(options.allowed_batch_sizes) | {1} <= set(saved.WARMUP_BATCH_SIZES)

@@ -16,6 +16,10 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kThreads = kWarpsPerBlock * 32;
 
+// The grid-stride kernels (staging, bias + GELU) launch at most a few blocks per SM of the H200 and loop over the
+// rest; on another GPU the loops cover what the grid does not.
+constexpr int64_t kH200Sms = 132;
+
 // Pair i of a lane's kPairs (columns 2q, 2q + 1 with q = i * 32 + lane), clamped into the row: the row kernels
 // load every pair unconditionally, so that all of a lane's loads are in flight at once. Behind a branch per pair,
 // each pair's loads and sums waited for the pair before (one L2 round trip per pair, 12 at hidden 768).
@@ -404,8 +408,8 @@ void LaunchStage(const void* src, int64_t copy_bytes, int64_t total_bytes, void*
     chunk.count = static_cast<int32_t>(std::min<int64_t>(count - done, kIndicesPerLaunch));
     std::copy(host_indices + done, host_indices + done + chunk.count, chunk.values);
     const int64_t words = done == 0 ? total_bytes / 4 : 0;  // the first launch also copies the words
-    const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(std::max<int64_t>(words, chunk.count),
-                                                                              256 * 4), 1, 132 * 4));
+    const int64_t work = std::max<int64_t>(words, chunk.count);
+    const unsigned blocks = static_cast<unsigned>(std::clamp<int64_t>(CeilDiv(work, 256 * 4), 1, kH200Sms * 4));
     StageKernel<<<blocks, 256, 0, stream>>>(static_cast<const uint32_t*>(src), done == 0 ? copy_bytes / 4 : 0, words,
                                             static_cast<uint32_t*>(dst), chunk, indices + done);
     CheckLaunch("StageKernel");
@@ -423,7 +427,7 @@ void LaunchBiasGelu(T* x, const T* bias, int64_t rows, int64_t width, cudaStream
   const int64_t count = rows * width;
   if (count == 0) return;
   const int64_t vectors = std::max<int64_t>(1, count / (16 / sizeof(T)));
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(vectors, 256), 132 * 8));
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(CeilDiv(vectors, 256), kH200Sms * 8));
   const bool vectorized = width % (16 / sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                           reinterpret_cast<uintptr_t>(bias) % 16 == 0;
   LaunchAfterPredecessor("BiasGeluKernel", BiasGeluKernel<T>, blocks, 256, 0, stream, x, bias, count,
