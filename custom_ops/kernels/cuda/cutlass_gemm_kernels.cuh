@@ -129,6 +129,140 @@ struct WeightPrefetching : Base {
   }
 };
 
+// CUTLASS's non-persistent warp-specialised kernel (KernelTmaWarpSpecialized, one block a cluster) with its
+// producer reordered: it reserves the first pipeline stages and copies the weights' k tiles (the A operand) into
+// them before the programmatic-launch wait, and the activations' (B) after it. The weights do not depend on the
+// kernel before, so at a few rows, where all of a block's k tiles fit in its stages, the loads that follow the wait
+// are the activations' alone (a 64x32x128 tile of a 768-deep GEMM: 48 of 144 KB). The rest is CUTLASS's kernel as
+// it is: the pipelines, the consumer's main loop and epilogue, the trigger after the main loop.
+template <class Base>
+struct WeightsBeforeWait : Base {
+  using Mainloop = typename Base::CollectiveMainloop;
+  using Epilogue = typename Base::CollectiveEpilogue;
+  static_assert(cute::is_same_v<typename Mainloop::DispatchPolicy::Schedule, cutlass::gemm::KernelTmaWarpSpecialized>);
+  static_assert(cute::size(typename Base::ClusterShape{}) == 1);
+
+  // The producer warp's loads: weights, the wait (every lane), activations, then any k tiles past the stages.
+  template <class Pipeline, class State, class Inputs, class Coord, class KIterator>
+  CUTLASS_DEVICE static void Load(const typename Mainloop::Params& params, Pipeline& pipeline, State state,
+                                  const Inputs& inputs, const Coord& block, KIterator k_tile, int k_tiles,
+                                  typename Mainloop::TensorStorage& storage) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Mainloop::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Mainloop::SmemLayoutB{});
+    const auto [m, n, k, l] = block;
+    Tensor tAgA = params.tma_load_a.get_slice(0).partition_S(get<0>(inputs)(_, _, m, _, l));
+    Tensor tAsA = params.tma_load_a.get_slice(0).partition_D(sA);
+    Tensor tBgB = params.tma_load_b.get_slice(0).partition_S(get<1>(inputs)(_, _, n, _, l));
+    Tensor tBsB = params.tma_load_b.get_slice(0).partition_D(sB);
+    constexpr uint16_t kNoMulticast = 0;
+    const int early = k_tiles < Mainloop::DispatchPolicy::Stages ? k_tiles : Mainloop::DispatchPolicy::Stages;
+    const bool leader = elect_one_sync();
+    if (leader) {
+      State weights_state = state;
+      KIterator weights_tile = k_tile;
+      for (int i = 0; i < early; ++i, ++weights_state, ++weights_tile) {
+        pipeline.producer_acquire(weights_state);
+        copy(params.tma_load_a.with(*pipeline.producer_get_barrier(weights_state), kNoMulticast),
+             tAgA(_, _, _, *weights_tile), tAsA(_, _, _, weights_state.index()));
+      }
+    }
+    __syncwarp();
+    cutlass::arch::wait_on_dependent_grids();
+    if (!leader) return;
+    for (int i = 0; i < k_tiles; ++i, ++state, ++k_tile) {
+      if (i >= early) {
+        pipeline.producer_acquire(state);
+        copy(params.tma_load_a.with(*pipeline.producer_get_barrier(state), kNoMulticast), tAgA(_, _, _, *k_tile),
+             tAsA(_, _, _, state.index()));
+      }
+      copy(params.tma_load_b.with(*pipeline.producer_get_barrier(state), kNoMulticast), tBgB(_, _, _, *k_tile),
+           tBsB(_, _, _, state.index()));
+    }
+  }
+
+  CUTLASS_DEVICE void operator()(const typename Base::Params& params, char* smem) {
+    using namespace cute;
+    auto& shared = *reinterpret_cast<typename Base::SharedStorage*>(smem);
+    const int warp = cutlass::canonical_warp_idx_sync();
+    const bool producer_group = cutlass::canonical_warp_group_idx() == 0;
+    const bool loader = producer_group && warp % cutlass::NumWarpsPerWarpGroup == 0;
+    const int group_thread = int(threadIdx.x) % cutlass::NumThreadsPerWarpGroup;
+    if (warp == 0 && elect_one_sync()) {
+      Mainloop::prefetch_tma_descriptors(params.mainloop);
+      Epilogue::prefetch_tma_descriptors(params.epilogue);
+    }
+
+    using MainloopPipeline = typename Mainloop::MainloopPipeline;
+    typename MainloopPipeline::Params mainloop_params;
+    if (loader) mainloop_params.role = MainloopPipeline::ThreadCategory::Producer;
+    if (!producer_group) mainloop_params.role = MainloopPipeline::ThreadCategory::Consumer;
+    mainloop_params.is_leader = group_thread == 0;
+    mainloop_params.num_consumers = cutlass::NumThreadsPerWarpGroup;
+    mainloop_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+    MainloopPipeline mainloop_pipeline(shared.pipelines.mainloop, mainloop_params, typename Base::ClusterShape{});
+
+    using EpiLoadPipeline = typename Epilogue::LoadPipeline;
+    typename EpiLoadPipeline::Params epi_load_params;
+    if (loader) epi_load_params.role = EpiLoadPipeline::ThreadCategory::Producer;
+    if (!producer_group) epi_load_params.role = EpiLoadPipeline::ThreadCategory::Consumer;
+    epi_load_params.dst_blockid = block_rank_in_cluster();
+    epi_load_params.producer_arv_count = cutlass::NumThreadsPerWarp;
+    epi_load_params.consumer_arv_count = cutlass::NumThreadsPerWarpGroup;
+    if constexpr (Epilogue::RequiresTransactionBytes) {
+      epi_load_params.transaction_bytes = params.epilogue.tma_transaction_bytes;
+    }
+    EpiLoadPipeline epi_load_pipeline(shared.pipelines.epi_load, epi_load_params);
+    typename Epilogue::StorePipeline::Params epi_store_params;
+    epi_store_params.always_wait = true;
+    typename Epilogue::StorePipeline epi_store_pipeline(epi_store_params);
+
+    typename Mainloop::PipelineState mainloop_consumer_state;
+    typename Epilogue::LoadPipelineState epi_load_consumer_state;
+    auto mainloop_producer_state = cutlass::make_producer_start_state<MainloopPipeline>();
+    auto epi_load_producer_state = cutlass::make_producer_start_state<EpiLoadPipeline>();
+    auto epi_store_producer_state = cutlass::make_producer_start_state<typename Epilogue::StorePipeline>();
+    __syncthreads();  // the pipelines' barriers initialised, for every warp
+
+    const auto tile = typename Base::TileShape{};
+    typename Base::TiledMma tiled_mma;
+    const auto problem = append<4>(params.problem_shape, Int<1>{});
+    Mainloop mainloop;
+    Epilogue epilogue(params.epilogue, shared.tensors.epilogue);
+    const auto inputs = mainloop.load_init(problem, params.mainloop);
+    const auto m = idx2crd(int(blockIdx.x), shape<2>(get<0>(inputs)));
+    const auto n = idx2crd(int(blockIdx.y), shape<2>(get<1>(inputs)));
+    const auto l = idx2crd(int(blockIdx.z), shape<4>(get<1>(inputs)));
+    const auto block = make_coord(m, n, _, l);
+    const auto k_tile = make_coord_iterator(shape<3>(get<0>(inputs)));
+    const int k_tiles = size<3>(get<0>(inputs));
+
+    if (producer_group) {
+      if (!loader) return;
+      Load(params.mainloop, mainloop_pipeline, mainloop_producer_state, inputs, block, k_tile, k_tiles,
+           shared.tensors.mainloop);
+      mainloop_producer_state.advance(k_tiles);
+      mainloop.load_tail(mainloop_pipeline, mainloop_producer_state);
+      if (epilogue.is_producer_load_needed()) {
+        __syncwarp();
+        epi_load_producer_state = epilogue.load(epi_load_pipeline, epi_load_producer_state, problem, tile, block,
+                                                tiled_mma, cutlass::canonical_lane_idx(), shared.tensors.epilogue);
+        epilogue.load_tail(epi_load_pipeline, epi_load_producer_state);
+      }
+      return;
+    }
+    Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(tile));
+    mainloop.mma(mainloop_pipeline, mainloop_consumer_state, accumulators, k_tiles, group_thread,
+                 shared.tensors.mainloop, params.mainloop);
+    mainloop.mma_tail(mainloop_pipeline, mainloop_consumer_state, k_tiles);
+    cutlass::arch::launch_dependent_grids();
+    auto [epi_load_next, epi_store_next] =
+        epilogue.store(epi_load_pipeline, epi_load_consumer_state, epi_store_pipeline, epi_store_producer_state,
+                       problem, tile, block, accumulators, tiled_mma, group_thread, shared.tensors.epilogue);
+    epilogue.store_tail(epi_load_pipeline, epi_load_next, epi_store_pipeline, epi_store_next);
+  }
+};
+
 // What identifies a launch's parameters (Kernel::Run): every field of the Problem. A serving process sees a bounded
 // set of them (weights, its workspaces, token counts), but nothing guarantees it, hence the bound.
 using ProblemKey = std::tuple<const __half*, const __half*, const __half*, void*, int64_t, int64_t, int64_t, int, int>;
@@ -155,8 +289,11 @@ struct Kernel {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  using GemmKernel = WeightPrefetching<cutlass::gemm::kernel::GemmUniversal<
-      cute::Shape<int, int, int, int>, CollectiveMainloop, CollectiveEpilogue, cutlass::gemm::PersistentScheduler>>;
+  using Universal = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                         CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+  using GemmKernel = WeightPrefetching<
+      std::conditional_t<std::is_same_v<MainloopSchedule, cutlass::gemm::KernelTmaWarpSpecialized>,
+                         WeightsBeforeWait<Universal>, Universal>>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   // A k split is a batch of L = k_splits GEMMs over k / L: W's slices are consecutive blocks of rows (A's packed
