@@ -108,6 +108,18 @@ __device__ __forceinline__ int RowOfToken(const int32_t* cu_seqlens, int batch, 
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Asks L2 for [ptr, ptr + bytes) with bulk prefetches (the issuing thread does not wait for them), the range
+// widened to 16-byte boundaries as the instruction requires (never past an allocation: they are 256-byte granular).
+__device__ __forceinline__ void PrefetchRangeToL2(const void* ptr, uint64_t bytes) {
+  constexpr uint64_t kPiece = 16384;
+  const uint64_t begin = reinterpret_cast<uint64_t>(ptr) & ~uint64_t{15};
+  const uint64_t end = (reinterpret_cast<uint64_t>(ptr) + bytes + 15) & ~uint64_t{15};
+  for (uint64_t at = begin; at < end; at += kPiece) {
+    const uint32_t piece = static_cast<uint32_t>(end - at < kPiece ? end - at : kPiece);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(at), "r"(piece) : "memory");
+  }
+}
+
 // Buffers carved out of one allocation (a workspace, an arena) start on 256-byte boundaries, as cudaMalloc's do.
 inline int64_t AlignedBytes(int64_t bytes) { return CeilDiv(bytes, 256) * 256; }
 

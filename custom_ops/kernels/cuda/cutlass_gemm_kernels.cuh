@@ -89,14 +89,18 @@ const std::vector<Runner>& GeluRunners();
 const std::vector<Runner>& PartialsRunners();
 
 // A CUTLASS sm90 GEMM kernel whose blocks first ask L2 for the weights (the A operand, W^T), each block an even
-// share of them whatever tiles it then owns, before the kernel's programmatic-launch wait: the weights do not
-// depend on the kernel before, so their DRAM reads overlap it instead of following it. Only for launches in the
-// chain (up to kChainMaxTokens rows); the bulk prefetches are issued by one thread and not waited for.
+// share of them whatever tiles it then owns, and block 0 for the epilogue's bias, before the kernel's
+// programmatic-launch wait: neither depends on the kernel before, so their DRAM reads overlap it instead of
+// following it (a bias is read once a forward: unasked, the epilogue waits on DRAM; log, step 46). Only for
+// launches in the chain (up to kChainMaxTokens rows); the bulk prefetches are issued by one thread and not waited
+// for.
 template <class Base>
 struct WeightPrefetching : Base {
   struct Params : Base::Params {
     const char* weights = nullptr;
     uint64_t weight_bytes = 0;  // 0: no prefetch
+    const void* bias = nullptr;
+    uint64_t bias_bytes = 0;
   };
 
   static Params to_underlying_arguments(const typename Base::Arguments& args, void* workspace) {
@@ -105,6 +109,10 @@ struct WeightPrefetching : Base {
     if (n <= kChainMaxTokens) {
       params.weights = reinterpret_cast<const char*>(args.mainloop.ptr_A);
       params.weight_bytes = static_cast<uint64_t>(m) * k * l * sizeof(Half);
+      if constexpr (requires { args.epilogue.thread.bias_ptr; }) {
+        params.bias = args.epilogue.thread.bias_ptr;
+        params.bias_bytes = params.bias == nullptr ? 0 : m * sizeof(*args.epilogue.thread.bias_ptr);
+      }
     }
     return params;
   }
@@ -116,14 +124,8 @@ struct WeightPrefetching : Base {
       const uint64_t share = (params.weight_bytes / blocks + 255) & ~uint64_t{255};
       const uint64_t begin = block * share;
       const uint64_t end = begin + share < params.weight_bytes ? begin + share : params.weight_bytes;
-      // Every piece is a multiple of 16 bytes, as the TMA requires: shares are multiples of 256 and the weights
-      // n * k * 2 bytes with n and k multiples of 8 (Supports).
-      constexpr uint64_t kPiece = 16384;
-      for (uint64_t at = begin; at < end; at += kPiece) {
-        const uint32_t bytes = static_cast<uint32_t>(end - at < kPiece ? end - at : kPiece);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(params.weights + at), "r"(bytes)
-                     : "memory");
-      }
+      if (begin < end) PrefetchRangeToL2(params.weights + begin, end - begin);
+      if (block == 0 && params.bias_bytes != 0) PrefetchRangeToL2(params.bias, params.bias_bytes);
     }
     Base::operator()(params, smem);
   }

@@ -77,6 +77,13 @@ __device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int
   }
 }
 
+// Lane v of block 0 asks L2 for vector v of `vectors` (L2Prefetch): one bulk prefetch each, not waited for.
+__device__ __forceinline__ void PrefetchToL2(const L2Prefetch& vectors) {
+  if (blockIdx.x == 0 && threadIdx.x < L2Prefetch::kVectors && vectors.ptr[threadIdx.x] != nullptr) {
+    PrefetchRangeToL2(vectors.ptr[threadIdx.x], static_cast<uint64_t>(vectors.bytes[threadIdx.x]));
+  }
+}
+
 template <typename T, int kPairs>
 __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ word, const T* __restrict__ position, const T* __restrict__ token_type,
@@ -114,7 +121,8 @@ __global__ void __launch_bounds__(kThreads)
     ResidualLayerNormKernel(const TX* __restrict__ x, int64_t part_stride, const T* __restrict__ bias,
                             const T* __restrict__ gamma, const T* __restrict__ beta, int num_tokens, int width,
                             float epsilon, T* __restrict__ hidden,
-                            const int32_t* __restrict__ zero_rows_without_tokens) {
+                            const int32_t* __restrict__ zero_rows_without_tokens, const L2Prefetch next) {
+  PrefetchToL2(next);
   JoinLaunchChain();
   using V = Vec2<T>;
   using VX = Vec2<TX>;
@@ -335,13 +343,13 @@ namespace {
 template <typename T, typename TX, int kParts>
 void LaunchResidualLayerNormOfParts(const TX* x, int64_t part_stride, const T* bias, const T* gamma, const T* beta,
                                     int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
-                                    const int32_t* zero_rows_without_tokens) {
+                                    const int32_t* zero_rows_without_tokens, const L2Prefetch& next) {
   CheckWidth(width);
   if (rows == 0) return;
   DispatchPairs(width, [&]<int kPairs>() {
     LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs, TX, kParts>,
                            WarpBlocks(rows), kThreads, 0, stream, x, part_stride, bias, gamma, beta, rows, width,
-                           epsilon, hidden, zero_rows_without_tokens);
+                           epsilon, hidden, zero_rows_without_tokens, next);
   });
 }
 
@@ -349,21 +357,22 @@ void LaunchResidualLayerNormOfParts(const TX* x, int64_t part_stride, const T* b
 
 template <typename T>
 void LaunchResidualLayerNorm(const T* x, const T* bias, const T* gamma, const T* beta, int64_t rows, int64_t width,
-                             float epsilon, T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens) {
+                             float epsilon, T* hidden, cudaStream_t stream, const int32_t* zero_rows_without_tokens,
+                             const L2Prefetch& next) {
   LaunchResidualLayerNormOfParts<T, T, 1>(x, 0, bias, gamma, beta, rows, width, epsilon, hidden, stream,
-                                          zero_rows_without_tokens);
+                                          zero_rows_without_tokens, next);
 }
 
 template <typename T>
 void LaunchPartialsResidualLayerNorm(const float* partials, int parts, const T* bias, const T* gamma, const T* beta,
                                      int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
-                                     const int32_t* zero_rows_without_tokens) {
+                                     const int32_t* zero_rows_without_tokens, const L2Prefetch& next) {
   // One kernel per part count 1..kMaxKSplits; the one for `parts` is launched.
   const bool launched = [&]<int... kIndex>(std::integer_sequence<int, kIndex...>) {
     return ((parts == kIndex + 1 &&
              (LaunchResidualLayerNormOfParts<T, float, kIndex + 1>(partials, rows * width, bias, gamma, beta, rows,
                                                                   width, epsilon, hidden, stream,
-                                                                  zero_rows_without_tokens),
+                                                                  zero_rows_without_tokens, next),
               true)) ||
             ...);
   }(std::make_integer_sequence<int, kMaxKSplits>{});
@@ -472,7 +481,7 @@ void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classi
                                             const int32_t*, const int32_t*, int64_t, const int32_t*, int64_t,       \
                                             int64_t, int64_t, float, T*, cudaStream_t);                             \
   template void LaunchResidualLayerNorm<T>(const T*, const T*, const T*, const T*, int64_t, int64_t, float, T*,      \
-                                           cudaStream_t, const int32_t*);                                           \
+                                           cudaStream_t, const int32_t*, const L2Prefetch&);                        \
   template void LaunchBiasGelu<T>(T*, const T*, int64_t, int64_t, cudaStream_t);                                    \
   template void LaunchGatherFirstToken<T>(const T*, int64_t, const int32_t*, int64_t, T*, cudaStream_t);            \
   template void LaunchRemovePadding<T>(const T*, int64_t, int64_t, const int32_t*, int64_t, int64_t, T*,            \
@@ -484,7 +493,8 @@ void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classi
 BERTSERVE_INSTANTIATE_ELEMENTWISE(__half)
 BERTSERVE_INSTANTIATE_ELEMENTWISE(float)
 template void LaunchPartialsResidualLayerNorm<__half>(const float*, int, const __half*, const __half*, const __half*,
-                                                      int64_t, int64_t, float, __half*, cudaStream_t, const int32_t*);
+                                                      int64_t, int64_t, float, __half*, cudaStream_t, const int32_t*,
+                                                      const L2Prefetch&);
 
 }  // namespace cuda
 }  // namespace bertserve

@@ -87,6 +87,23 @@ struct LayerWeights {
   }
 };
 
+// The vectors a layer reads up to its first LayerNorm (QKV bias; attention-output bias, gamma, beta), which the
+// layer before's last LayerNorm asks L2 for.
+template <typename D>
+L2Prefetch VectorsBeforeFirstLayerNorm(const EncoderDims& dims, const LayerWeights<D>& w) {
+  const int64_t h = dims.hidden * static_cast<int64_t>(sizeof(D));
+  return {{w.qkv_bias, w.attention_output_bias, w.attention_ln_gamma, w.attention_ln_beta}, {3 * h, h, h, h}};
+}
+
+// The vectors a layer reads after its first LayerNorm (FFN bias; FFN-output bias, gamma, beta), which that
+// LayerNorm asks L2 for.
+template <typename D>
+L2Prefetch VectorsAfterFirstLayerNorm(const EncoderDims& dims, const LayerWeights<D>& w) {
+  const int64_t h = dims.hidden * static_cast<int64_t>(sizeof(D));
+  const int64_t inter = dims.intermediate * static_cast<int64_t>(sizeof(D));
+  return {{w.intermediate_bias, w.output_bias, w.output_ln_gamma, w.output_ln_beta}, {inter, h, h, h}};
+}
+
 }  // namespace
 
 template <typename T>
@@ -135,7 +152,7 @@ template <typename D>
 void GemmResidualLayerNorm(const EncoderDims& dims, const D* in, const D* weight, int64_t k_in, const D* bias,
                            const D* gamma, const D* beta, int64_t rows, const EncoderBuffers<D>& buf,
                            bool custom_gemms, D* x, GemmContext* context, void* stream,
-                           const int32_t* zero_rows_without_tokens) {
+                           const int32_t* zero_rows_without_tokens, const L2Prefetch& next) {
   const int64_t h = dims.hidden;
   const cudaStream_t s = AsStream(stream);
   if constexpr (std::is_same_v<D, __half>) {
@@ -155,27 +172,28 @@ void GemmResidualLayerNorm(const EncoderDims& dims, const D* in, const D* weight
                                    : 0;
     if (parts > 0) {
       LaunchPartialsResidualLayerNorm<D>(buf.partials, parts, bias, gamma, beta, rows, h, dims.layer_norm_epsilon, x,
-                                         s, zero_rows_without_tokens);
+                                         s, zero_rows_without_tokens, next);
       return;
     }
   }
   // The bias is left to the LayerNorm, which adds it in fp32.
   Gemm<D, D>(context, in, weight, nullptr, buf.dense, rows, h, k_in, Epilogue::kNone, buf.gemm_workspace, stream);
   LaunchResidualLayerNorm<D>(buf.dense, bias, gamma, beta, rows, h, dims.layer_norm_epsilon, x, s,
-                             zero_rows_without_tokens);
+                             zero_rows_without_tokens, next);
 }
 
 // The layer after its attention, on `rows` rows of buf.context (attention output) and x (the layer's input,
 // overwritten with its output): attention-output GEMM + bias + residual + LayerNorm, FFN GEMM + bias + GELU,
-// FFN-output GEMM + bias + residual + LayerNorm. zero_rows_without_tokens: see LaunchResidualLayerNorm.
+// FFN-output GEMM + bias + residual + LayerNorm. zero_rows_without_tokens: see LaunchResidualLayerNorm. next: what
+// the last LayerNorm asks L2 for (the next layer's VectorsBeforeFirstLayerNorm).
 template <typename D>
 void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t rows, const EncoderBuffers<D>& buf,
-                    bool custom_gemms, D* x, GemmContext* context, void* stream,
+                    bool custom_gemms, D* x, GemmContext* context, void* stream, const L2Prefetch& next,
                     const int32_t* zero_rows_without_tokens = nullptr) {
   const int64_t h = dims.hidden, inter = dims.intermediate;
   GemmResidualLayerNorm<D>(dims, buf.context, w.attention_output_kernel, h, w.attention_output_bias,
                            w.attention_ln_gamma, w.attention_ln_beta, rows, buf, custom_gemms, x, context, stream,
-                           nullptr);
+                           nullptr, VectorsAfterFirstLayerNorm<D>(dims, w));
   if (custom_gemms) {  // fp16 only (UsesCustomGemms)
     if constexpr (std::is_same_v<D, __half>) {
       GemmBiasGelu(context, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, rows, inter, h,
@@ -187,15 +205,16 @@ void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t r
     LaunchBiasGelu<D>(buf.ffn, w.intermediate_bias, rows, inter, AsStream(stream));
   }
   GemmResidualLayerNorm<D>(dims, buf.ffn, w.output_kernel, inter, w.output_bias, w.output_ln_gamma,
-                           w.output_ln_beta, rows, buf, custom_gemms, x, context, stream, zero_rows_without_tokens);
+                           w.output_ln_beta, rows, buf, custom_gemms, x, context, stream, zero_rows_without_tokens,
+                           next);
 }
 
 template <typename D>
 void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch, const EncoderBuffers<D>& buf,
-           bool custom_gemms, D* x, GemmContext* gemm, void* stream) {
+           bool custom_gemms, D* x, GemmContext* gemm, void* stream, const L2Prefetch& next) {
   QkvGemm<D>(dims, w, batch, buf, x, gemm, stream);
   Attention<D>(dims, batch, buf, stream);
-  AfterAttention<D>(dims, w, batch.num_tokens, buf, custom_gemms, x, gemm, stream);
+  AfterAttention<D>(dims, w, batch.num_tokens, buf, custom_gemms, x, gemm, stream, next);
 }
 
 // A layer for each row's first token only: the QKV GEMM still runs on every token (all are keys and values), the
@@ -207,7 +226,8 @@ void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const Pa
   QkvGemm<D>(dims, w, batch, buf, x, gemm, stream);
   LaunchFirstTokenAttention<D>(buf.qkv, x, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
                                dims.head_size(), buf.context, first, AsStream(stream));
-  AfterAttention<D>(dims, w, batch.batch, buf, custom_gemms, first, gemm, stream, batch.cu_seqlens_device);
+  AfterAttention<D>(dims, w, batch.batch, buf, custom_gemms, first, gemm, stream, L2Prefetch{},
+                    batch.cu_seqlens_device);
 }
 
 }  // namespace
@@ -240,7 +260,10 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBa
   const bool custom_gemms = UsesCustomGemms(gemm, dims, std::is_same_v<D, __half>);
   const int64_t all_token_layers = first_tokens == nullptr ? dims.num_layers : dims.num_layers - 1;
   for (int64_t l = 0; l < all_token_layers; ++l) {
-    Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, custom_gemms, ToDevice(hidden), gemm, stream);
+    const L2Prefetch next = l + 1 < dims.num_layers
+                                ? VectorsBeforeFirstLayerNorm<D>(dims, LayerWeights<D>(dims, w, l + 1))
+                                : L2Prefetch{};
+    Layer<D>(dims, LayerWeights<D>(dims, w, l), batch, buf, custom_gemms, ToDevice(hidden), gemm, stream, next);
   }
   if (first_tokens == nullptr) return;
   if (dims.num_layers == 0) {

@@ -28,20 +28,30 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
                               const int32_t* segment_ids, int64_t seq, const int32_t* cu_seqlens, int64_t batch,
                               int64_t num_tokens, int64_t hidden, float epsilon, T* out, cudaStream_t stream);
 
+// Weight vectors a LayerNorm kernel asks L2 for before its launch-chain wait, for the kernels after it: biases,
+// gamma and beta are read once a forward, and the weights streamed between two of their reads evict them from L2,
+// so unasked each one's first read is a DRAM round trip on the forward's critical path (log, step 46). Up to
+// kVectors [ptr, ptr + bytes) ranges; a null ptr is skipped.
+struct L2Prefetch {
+  static constexpr int kVectors = 4;
+  const void* ptr[kVectors] = {};
+  int64_t bytes[kVectors] = {};
+};
+
 // hidden = LayerNorm(x + bias + hidden) * gamma + beta, row by row over [rows, width], the sum in fp32 (x is a GEMM
 // output without its bias, which would otherwise be rounded to T once more). With zero_rows_without_tokens (a
 // cu_seqlens [rows + 1]), the rows are a batch's rows and a row without tokens is written as zeros instead.
 template <typename T>
 void LaunchResidualLayerNorm(const T* x, const T* bias, const T* gamma, const T* beta, int64_t rows, int64_t width,
                              float epsilon, T* hidden, cudaStream_t stream,
-                             const int32_t* zero_rows_without_tokens = nullptr);
+                             const int32_t* zero_rows_without_tokens = nullptr, const L2Prefetch& next = {});
 
 // The same with x given as `parts` fp32 partial products [parts, rows, width] (GemmKSplit's), summed in fp32;
 // parts is 1 to kMaxKSplits (gemm.h), else std::runtime_error. fp16 only.
 template <typename T>
 void LaunchPartialsResidualLayerNorm(const float* partials, int parts, const T* bias, const T* gamma, const T* beta,
                                      int64_t rows, int64_t width, float epsilon, T* hidden, cudaStream_t stream,
-                                     const int32_t* zero_rows_without_tokens = nullptr);
+                                     const int32_t* zero_rows_without_tokens = nullptr, const L2Prefetch& next = {});
 
 // Inputs staged on the device in one launch where a copy, a fill and a host-to-device copy would take three
 // (BucketedEncoder's arena, CopyIndicesToDevice): dst [0, copy_bytes) from src, [copy_bytes, total_bytes) zeros,
