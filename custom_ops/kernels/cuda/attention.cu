@@ -16,6 +16,7 @@
 
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/kernels.h"
+#include "custom_ops/kernels/cuda/step_trace.cuh"
 
 namespace bertserve {
 namespace cuda {
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
     FusedShortAttentionKernel(const __half* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                               float scale_log2, __half* __restrict__ context, const __half* __restrict__ hidden_in,
                               __half* __restrict__ residual) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kFirstQuery ? kTraceFirstTokenAttention : kTraceAttention, kMaxKeys, D);
   constexpr int kLd = D + 8;  // +16 bytes per row: the 8 rows an ldmatrix reads hit distinct banks
   constexpr int kKeyTiles = kMaxKeys / 8;
   constexpr int kDimTiles = D / 8;
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kStreamingWarps * 32)
     StreamingAttentionKernel(const T* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                              int head_size, float scale_log2, T* __restrict__ context, const T* __restrict__ hidden_in,
                              T* __restrict__ residual) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kFirstQuery ? kTraceFirstTokenAttention : kTraceAttention, 0, head_size);
   const int row = blockIdx.x, head = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int begin = cu_seqlens[row];

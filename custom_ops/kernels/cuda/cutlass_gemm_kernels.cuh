@@ -20,6 +20,7 @@
 
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/cutlass_gemm_runners.h"
+#include "custom_ops/kernels/cuda/step_trace.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -145,10 +146,10 @@ struct WeightsBeforeWait : Base {
   static_assert(cute::size(typename Base::ClusterShape{}) == 1);
 
   // The producer warp's loads: weights, the wait (every lane), activations, then any k tiles past the stages.
-  template <class Pipeline, class State, class Inputs, class Coord, class KIterator>
+  template <class Pipeline, class State, class Inputs, class Coord, class KIterator, class AfterWait>
   CUTLASS_DEVICE static void Load(const typename Mainloop::Params& params, Pipeline& pipeline, State state,
                                   const Inputs& inputs, const Coord& block, KIterator k_tile, int k_tiles,
-                                  typename Mainloop::TensorStorage& storage) {
+                                  typename Mainloop::TensorStorage& storage, const AfterWait& after_wait) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Mainloop::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Mainloop::SmemLayoutB{});
@@ -171,6 +172,7 @@ struct WeightsBeforeWait : Base {
     }
     __syncwarp();
     cutlass::arch::wait_on_dependent_grids();
+    after_wait();
     if (!leader) return;
     for (int i = 0; i < k_tiles; ++i, ++state, ++k_tile) {
       if (i >= early) {
@@ -190,6 +192,17 @@ struct WeightsBeforeWait : Base {
     const bool producer_group = cutlass::canonical_warp_group_idx() == 0;
     const bool loader = producer_group && warp % cutlass::NumWarpsPerWarpGroup == 0;
     const int group_thread = int(threadIdx.x) % cutlass::NumThreadsPerWarpGroup;
+#ifdef BERTSERVE_STEP_TRACE
+    const auto [trace_m, trace_n, trace_k, trace_l] = params.problem_shape;
+    StepTraceScope producer_trace(kTraceGemmProducer, trace_m, uint64_t(trace_k) * trace_l, threadIdx.x == 0);
+    StepTraceScope consumer_trace(kTraceGemmConsumer, trace_m, trace_n,
+                                  threadIdx.x == cutlass::NumThreadsPerWarpGroup);
+    const auto producer_waited = [&] { producer_trace.Waited(); };
+    const auto consumer_waited = [&] { consumer_trace.Waited(); };
+#else
+    const auto producer_waited = [] {};
+    const auto consumer_waited = [] {};
+#endif
     if (warp == 0 && elect_one_sync()) {
       Mainloop::prefetch_tma_descriptors(params.mainloop);
       Epilogue::prefetch_tma_descriptors(params.epilogue);
@@ -242,7 +255,7 @@ struct WeightsBeforeWait : Base {
     if (producer_group) {
       if (!loader) return;
       Load(params.mainloop, mainloop_pipeline, mainloop_producer_state, inputs, block, k_tile, k_tiles,
-           shared.tensors.mainloop);
+           shared.tensors.mainloop, producer_waited);
       mainloop_producer_state.advance(k_tiles);
       mainloop.load_tail(mainloop_pipeline, mainloop_producer_state);
       if (epilogue.is_producer_load_needed()) {
@@ -257,6 +270,7 @@ struct WeightsBeforeWait : Base {
     mainloop.mma(mainloop_pipeline, mainloop_consumer_state, accumulators, k_tiles, group_thread,
                  shared.tensors.mainloop, params.mainloop);
     mainloop.mma_tail(mainloop_pipeline, mainloop_consumer_state, k_tiles);
+    consumer_waited();
     cutlass::arch::launch_dependent_grids();
     auto [epi_load_next, epi_store_next] =
         epilogue.store(epi_load_pipeline, epi_load_consumer_state, epi_store_pipeline, epi_store_producer_state,

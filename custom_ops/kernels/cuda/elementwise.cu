@@ -8,6 +8,7 @@
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/kernels.h"
+#include "custom_ops/kernels/cuda/step_trace.cuh"
 
 namespace bertserve {
 namespace cuda {
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ gamma, const T* __restrict__ beta, int vocab_size, int type_vocab_size,
     const int32_t* __restrict__ input_ids, const int32_t* __restrict__ segment_ids, int seq,
     const int32_t* __restrict__ cu_seqlens, int batch, int num_tokens, int width, float epsilon, T* __restrict__ out) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceEmbedding, 0, width);
   using V = Vec2<T>;
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
                             float epsilon, T* __restrict__ hidden,
                             const int32_t* __restrict__ zero_rows_without_tokens, const L2Prefetch next) {
   PrefetchToL2(next);
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceLayerNorm, kParts, width);
   using V = Vec2<T>;
   using VX = Vec2<TX>;
   const int lane = threadIdx.x & 31;
@@ -181,7 +182,7 @@ void CheckWidth(int64_t width) {
 template <typename T>
 __global__ void BiasGeluKernel(T* __restrict__ x, const T* __restrict__ bias, int64_t count, int width,
                                bool vectorized) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceBiasGelu, 0, width);
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -224,7 +225,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) GatherFirstTokenKernel(const T* __restrict__ packed, int width,
                                                                    const int32_t* __restrict__ cu_seqlens, int batch,
                                                                    T* __restrict__ first) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceRowCopy, 0, width);
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (b >= batch) return;
@@ -239,7 +240,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RemovePaddingKernel(const T* __restrict__ padded, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                         int batch, int num_tokens, T* __restrict__ packed) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceRowCopy, 1, width);
   const int lane = threadIdx.x & 31;
   const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (t >= num_tokens) return;
@@ -254,7 +255,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RebuildPaddingKernel(const T* __restrict__ packed, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                          int batch, T* __restrict__ padded) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceRowCopy, 2, width);
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
   if (row >= batch * seq) return;
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(kThreads)
     RankerHeadKernel(const float* __restrict__ pooled, const T* __restrict__ pooler_bias,
                      const T* __restrict__ classifier_kernel, const T* __restrict__ classifier_bias, int width,
                      int num_labels, float* __restrict__ scores) {
-  JoinLaunchChain();
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceHead, 0, width);
   // One block per row: a warp per row walked the row 32 loads at a time, latency-bound (8 us at batch 1).
   __shared__ float partial[2][kWarpsPerBlock];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

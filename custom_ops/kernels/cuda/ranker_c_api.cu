@@ -13,6 +13,7 @@
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/graph_cache.h"
 #include "custom_ops/kernels/cuda/kernels.h"
+#include "custom_ops/kernels/cuda/step_trace.cuh"
 
 namespace bertserve {
 namespace cuda {
@@ -157,6 +158,15 @@ using bertserve::cuda::Ranker;
 extern "C" {
 
 const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
+
+#ifdef BERTSERVE_STEP_TRACE
+// Diagnostic builds: the kernels in the launch chain record into `buffer` (step_trace.cuh); null stops them.
+int bertserve_cuda_step_trace(void* buffer) {
+  return bertserve::cuda::Guarded([&] {
+    for (auto* set : bertserve::cuda::StepTraceSetters()) set(static_cast<unsigned long long*>(buffer));
+  });
+}
+#endif
 
 // half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
 // autotune, custom_gemms: GemmOptions (gemm.h). first_token_last_layer: 1 runs the encoder's last layer for each
