@@ -82,6 +82,11 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
     FusedShortAttentionKernel(const __half* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                               float scale_log2, __half* __restrict__ context, const __half* __restrict__ hidden_in,
                               __half* __restrict__ residual) {
+  // cu_seqlens is read before the wait, one L2 round trip off the chain's critical path: it is staged before the
+  // chain starts, and the QKV GEMM (at least) runs between the staging and this kernel; each kernel in the chain
+  // waits before it lets the next launch, so the staging has completed and is visible by the time this one starts.
+  const int begin = cu_seqlens[blockIdx.x];
+  const int len = cu_seqlens[blockIdx.x + 1] - begin;
   BERTSERVE_JOIN_LAUNCH_CHAIN(kFirstQuery ? kTraceFirstTokenAttention : kTraceAttention, kMaxKeys, D);
   constexpr int kLd = D + 8;  // +16 bytes per row: the 8 rows an ldmatrix reads hit distinct banks
   constexpr int kKeyTiles = kMaxKeys / 8;
@@ -92,8 +97,6 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
   __half* v_s = k_s + kMaxKeys * kLd;
 
   const int row = blockIdx.x, head = blockIdx.y;
-  const int begin = cu_seqlens[row];
-  const int len = cu_seqlens[row + 1] - begin;
   if constexpr (kFirstQuery) {
     CopyFirstTokenResidual(hidden_in, begin, len, row, head, D, hidden, threadIdx.x, blockDim.x, residual, context);
   }

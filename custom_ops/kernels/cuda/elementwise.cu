@@ -21,58 +21,99 @@ constexpr int kThreads = kWarpsPerBlock * 32;
 // rest; on another GPU the loops cover what the grid does not.
 constexpr int64_t kH200Sms = 132;
 
-// Pair i of a lane's kPairs (columns 2q, 2q + 1 with q = i * 32 + lane), clamped into the row: the row kernels
-// load every pair unconditionally, so that all of a lane's loads are in flight at once. Behind a branch per pair,
-// each pair's loads and sums waited for the pair before (one L2 round trip per pair, 12 at hidden 768).
-__device__ __forceinline__ int PairInRow(int i, int lane, int width) { return min(i * 32 + lane, width / 2 - 1); }
+// A row kernel's row is held by kRowThreads threads: one warp, or (kRowThreads = kThreads) the whole block. A warp
+// per row walks a 768-wide row in 12 pairs a lane, and a kernel over a few rows then runs on a few SMs, each lane's
+// dozens of loads in flight at once through one SM; at a few hundred rows or fewer the block per row spreads the
+// same loads over 4x the SMs, 3 pairs a thread (DispatchRows).
+template <int kRowThreads>
+struct RowSplit {
+  static_assert(kRowThreads == 32 || kRowThreads == kThreads, "a warp or the whole block per row");
+  static constexpr int kRowsPerBlock = kThreads / kRowThreads;
+  __device__ static int Row() { return blockIdx.x * kRowsPerBlock + threadIdx.x / kRowThreads; }
+  __device__ static int Lane() { return threadIdx.x % kRowThreads; }
+};
+
+// Pair i of a thread's kPairs (columns 2q, 2q + 1 with q = i * kRowThreads + lane), clamped into the row: the row
+// kernels load every pair unconditionally, so that all of a thread's loads are in flight at once. Behind a branch
+// per pair, each pair's loads and sums waited for the pair before (one L2 round trip per pair, 12 at hidden 768).
+template <int kRowThreads>
+__device__ __forceinline__ int PairInRow(int i, int lane, int width) {
+  return min(i * kRowThreads + lane, width / 2 - 1);
+}
 
 // The clamped pairs' values are duplicates: zero, so that the statistics see each column once.
-template <int kPairs>
+template <int kRowThreads, int kPairs>
 __device__ __forceinline__ void ZeroPairsPastWidth(float2 (&v)[kPairs], int lane, int width) {
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    if (2 * (i * 32 + lane) >= width) v[i] = make_float2(0.f, 0.f);
+    if (2 * (i * kRowThreads + lane) >= width) v[i] = make_float2(0.f, 0.f);
   }
 }
 
-// LayerNorm of one row held as kPairs float2 per lane (pair i of lane l is columns 2*(i*32+l), +1); columns
-// past `width` are zero and excluded. Two passes over registers: mean, then centred variance. gamma and beta are
-// loaded first, unconditionally (clamped pairs) and unconverted, so that their loads are in flight together and
-// overlap the reductions: behind a branch per pair, or converted to float at once, the compiler issued them one
-// pair at a time (log, step 32).
-template <typename T, int kPairs>
-__device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int lane, int width, const T* gamma,
-                                                        const T* beta, float epsilon, T* out) {
-  using V = Vec2<T>;
-  const auto* g2 = reinterpret_cast<const typename V::type*>(gamma);
-  const auto* b2 = reinterpret_cast<const typename V::type*>(beta);
-  typename V::type g[kPairs], b[kPairs];
+// The sum of v over the kRowThreads threads of a row; `scratch` (kThreads / 32 floats of shared memory) is used
+// once, so two sums in a row take two scratch arrays and no barrier between them.
+template <int kRowThreads>
+__device__ __forceinline__ float RowSum(float v, float* scratch) {
+  v = WarpSum(v);
+  if constexpr (kRowThreads == 32) {
+    return v;
+  } else {
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float total = 0.f;
 #pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int q = PairInRow(i, lane, width);
-    g[i] = g2[q];
-    b[i] = b2[q];
+    for (int w = 0; w < kRowThreads / 32; ++w) total += scratch[w];
+    return total;
   }
+}
+
+// A row's gamma and beta pairs, loaded unconverted, unconditionally (clamped pairs), so that their loads are in
+// flight together: behind a branch per pair, or converted to float at once, the compiler issued them one pair at a
+// time (log, step 32).
+template <typename T, int kRowThreads, int kPairs>
+struct RowAffine {
+  typename Vec2<T>::type gamma[kPairs], beta[kPairs];
+
+  __device__ __forceinline__ void Load(const T* g, const T* b, int lane, int width) {
+    const auto* g2 = reinterpret_cast<const typename Vec2<T>::type*>(g);
+    const auto* b2 = reinterpret_cast<const typename Vec2<T>::type*>(b);
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int q = PairInRow<kRowThreads>(i, lane, width);
+      gamma[i] = g2[q];
+      beta[i] = b2[q];
+    }
+  }
+};
+
+// LayerNorm of one row held as kPairs float2 per thread (pair i of lane l is columns 2*(i*kRowThreads+l), +1);
+// columns past `width` are zero and excluded. Two passes over registers: mean, then centred variance.
+template <typename T, int kRowThreads, int kPairs>
+__device__ __forceinline__ void LayerNormRowInRegisters(float2 (&v)[kPairs], int lane, int width,
+                                                        const RowAffine<T, kRowThreads, kPairs>& affine,
+                                                        float epsilon, T* out) {
+  using V = Vec2<T>;
+  __shared__ float sums[2][kThreads / 32];
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) sum += v[i].x + v[i].y;
-  const float mean = WarpSum(sum) / width;
+  const float mean = RowSum<kRowThreads>(sum, sums[0]) / width;
   float sq = 0.f;
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int c = 2 * (i * 32 + lane);
+    const int c = 2 * (i * kRowThreads + lane);
     if (c < width) {
       const float dx = v[i].x - mean, dy = v[i].y - mean;
       sq += dx * dx + dy * dy;
     }
   }
-  const float rstd = rsqrtf(WarpSum(sq) / width + epsilon);
+  const float rstd = rsqrtf(RowSum<kRowThreads>(sq, sums[1]) / width + epsilon);
   auto* o2 = reinterpret_cast<typename V::type*>(out);
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int p = i * 32 + lane;
+    const int p = i * kRowThreads + lane;
     if (2 * p < width) {
-      const float2 gi = V::ToFloat2(g[i]), bi = V::ToFloat2(b[i]);
+      const float2 gi = V::ToFloat2(affine.gamma[i]), bi = V::ToFloat2(affine.beta[i]);
       o2[p] = V::FromFloat2(make_float2((v[i].x - mean) * rstd * gi.x + bi.x, (v[i].y - mean) * rstd * gi.y + bi.y));
     }
   }
@@ -85,7 +126,7 @@ __device__ __forceinline__ void PrefetchToL2(const L2Prefetch& vectors) {
   }
 }
 
-template <typename T, int kPairs>
+template <typename T, int kRowThreads, int kPairs>
 __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ word, const T* __restrict__ position, const T* __restrict__ token_type,
     const T* __restrict__ gamma, const T* __restrict__ beta, int vocab_size, int type_vocab_size,
@@ -93,9 +134,14 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const int32_t* __restrict__ cu_seqlens, int batch, int num_tokens, int width, float epsilon, T* __restrict__ out) {
   BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceEmbedding, 0, width);
   using V = Vec2<T>;
-  const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  using Split = RowSplit<kRowThreads>;
+  const int lane = Split::Lane();
+  const int t = Split::Row();
   if (t >= num_tokens) return;
+  // gamma and beta as in ResidualLayerNormKernel: a block per row loads them before the row's token is looked up, a
+  // warp per row after its sums (loaded first there, batches 8 and 32 were 1.5-2 % slower; log, step 47).
+  RowAffine<T, kRowThreads, kPairs> affine;
+  if constexpr (kRowThreads != 32) affine.Load(gamma, beta, lane, width);
   const int b = RowOfToken(cu_seqlens, batch, t);
   if (b == batch) return;
   const int p = t - cu_seqlens[b];
@@ -107,17 +153,19 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
   float2 v[kPairs];
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) {
-    const int q = PairInRow(i, lane, width);
+    const int q = PairInRow<kRowThreads>(i, lane, width);
     const float2 a = V::ToFloat2(w2[q]), c = V::ToFloat2(p2[q]), d = V::ToFloat2(s2[q]);
     v[i] = make_float2(a.x + c.x + d.x, a.y + c.y + d.y);
   }
-  ZeroPairsPastWidth(v, lane, width);
-  LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, out + static_cast<int64_t>(t) * width);
+  if constexpr (kRowThreads == 32) affine.Load(gamma, beta, lane, width);
+  ZeroPairsPastWidth<kRowThreads>(v, lane, width);
+  LayerNormRowInRegisters<T, kRowThreads, kPairs>(v, lane, width, affine, epsilon,
+                                                  out + static_cast<int64_t>(t) * width);
 }
 
 // x is kParts [num_tokens, width] blocks part_stride elements apart, summed in fp32: the GEMM output (TX = T, one
 // part) or a k split's fp32 partial products (GemmKSplit).
-template <typename T, int kPairs, typename TX, int kParts>
+template <typename T, int kRowThreads, int kPairs, typename TX, int kParts>
 __global__ void __launch_bounds__(kThreads)
     ResidualLayerNormKernel(const TX* __restrict__ x, int64_t part_stride, const T* __restrict__ bias,
                             const T* __restrict__ gamma, const T* __restrict__ beta, int num_tokens, int width,
@@ -127,46 +175,105 @@ __global__ void __launch_bounds__(kThreads)
   BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceLayerNorm, kParts, width);
   using V = Vec2<T>;
   using VX = Vec2<TX>;
-  const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
+  using Split = RowSplit<kRowThreads>;
+  const int lane = Split::Lane();
+  const int t = Split::Row();
   if (t >= num_tokens) return;
   if (zero_rows_without_tokens != nullptr && zero_rows_without_tokens[t + 1] == zero_rows_without_tokens[t]) {
-    for (int c = lane; c < width; c += 32) hidden[static_cast<int64_t>(t) * width + c] = FromFloat<T>(0.f);
+    for (int c = lane; c < width; c += kRowThreads) hidden[static_cast<int64_t>(t) * width + c] = FromFloat<T>(0.f);
     return;
   }
   const auto* x2 = reinterpret_cast<const typename VX::type*>(x + static_cast<int64_t>(t) * width);
   const auto* h2 = reinterpret_cast<const typename V::type*>(hidden + static_cast<int64_t>(t) * width);
   const auto* bias2 = reinterpret_cast<const typename V::type*>(bias);
-  float2 v[kPairs];
-#pragma unroll
-  for (int i = 0; i < kPairs; ++i) {
-    const int q = PairInRow(i, lane, width);
-    float2 a = VX::ToFloat2(x2[q]);
+  // x's parts + bias + residual of one pair, in fp32.
+  const auto sum_inputs = [](const typename VX::type (&parts)[kParts], typename V::type b2, typename V::type r2) {
+    float2 a = VX::ToFloat2(parts[0]);
 #pragma unroll
     for (int s = 1; s < kParts; ++s) {
-      const float2 part = VX::ToFloat2(x2[s * part_stride / 2 + q]);
+      const float2 part = VX::ToFloat2(parts[s]);
       a = make_float2(a.x + part.x, a.y + part.y);
     }
-    const float2 b = V::ToFloat2(bias2[q]), r = V::ToFloat2(h2[q]);
-    v[i] = make_float2(a.x + b.x + r.x, a.y + b.y + r.y);
+    const float2 b = V::ToFloat2(b2), r = V::ToFloat2(r2);
+    return make_float2(a.x + b.x + r.x, a.y + b.y + r.y);
+  };
+  float2 v[kPairs];
+  RowAffine<T, kRowThreads, kPairs> affine;
+  if constexpr (kRowThreads == 32) {
+    // A warp per row: ptxas interleaves each pair's loads with the sums before them, and gamma and beta come after.
+    // All 96 loads of a lane in one burst made batch 1 11 % slower, gamma and beta among them batch 32 1.5 % (log,
+    // step 47).
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int q = PairInRow<kRowThreads>(i, lane, width);
+      typename VX::type parts[kParts];
+#pragma unroll
+      for (int s = 0; s < kParts; ++s) parts[s] = x2[s * part_stride / 2 + q];
+      v[i] = sum_inputs(parts, bias2[q], h2[q]);
+    }
+    affine.Load(gamma, beta, lane, width);
+  } else {
+    // A block per row: gamma, beta and every input of the row first, then a barrier that keeps ptxas from sinking
+    // the loads into the sums, so that they make one L2 round trip (log, step 47).
+    affine.Load(gamma, beta, lane, width);
+    typename VX::type parts[kPairs][kParts];
+    typename V::type bias_pairs[kPairs], residual[kPairs];
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int q = PairInRow<kRowThreads>(i, lane, width);
+#pragma unroll
+      for (int s = 0; s < kParts; ++s) parts[i][s] = x2[s * part_stride / 2 + q];
+      bias_pairs[i] = bias2[q];
+      residual[i] = h2[q];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) v[i] = sum_inputs(parts[i], bias_pairs[i], residual[i]);
   }
-  ZeroPairsPastWidth(v, lane, width);
-  LayerNormRowInRegisters<T, kPairs>(v, lane, width, gamma, beta, epsilon, hidden + static_cast<int64_t>(t) * width);
+  ZeroPairsPastWidth<kRowThreads>(v, lane, width);
+  LayerNormRowInRegisters<T, kRowThreads, kPairs>(v, lane, width, affine, epsilon,
+                                                  hidden + static_cast<int64_t>(t) * width);
 }
 
-// Calls launch.template operator()<kPairs>() with the smallest register budget that holds `width` columns.
+// Rows of up to kBlockPerRowMaxRows (about one per SM) get a block each: a warp per row would leave most SMs idle
+// (batch 1 6 % faster); at 192 rows a block per row was 1-2 % slower, at 700-43,000 rows 1-6 % (log, step 47).
+constexpr int64_t kBlockPerRowMaxRows = 128;
+
+// A warp holds at most 12 pairs a lane (hidden 768): with every load of the row in flight at once, more spill.
+template <int kRowThreads>
+constexpr int kMaxPairsPerThread = kRowThreads == 32 ? 12 : kMaxLayerNormHidden / (2 * kRowThreads);
+
+// Launches the kernel of kPairs pairs a thread if that holds `pairs`.
+template <int kRowThreads, int kPairs, typename Launch>
+bool LaunchIfPairsFit(int64_t pairs, unsigned blocks, const Launch& launch) {
+  if constexpr (kPairs > kMaxPairsPerThread<kRowThreads>) {
+    return false;
+  } else {
+    if (pairs > kPairs) return false;
+    launch.template operator()<kRowThreads, kPairs>(blocks);
+    return true;
+  }
+}
+
+// Launches the kernel of kRowThreads threads a row with the fewest pairs a thread that hold `width` columns, if any.
+template <int kRowThreads, typename Launch>
+bool LaunchWithRowThreads(int64_t rows, int64_t width, const Launch& launch) {
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(rows, RowSplit<kRowThreads>::kRowsPerBlock));
+  const int64_t pairs = CeilDiv(CeilDiv(width, 2), kRowThreads);
+  return [&]<int... kPairs>(std::integer_sequence<int, kPairs...>) {
+    return (LaunchIfPairsFit<kRowThreads, kPairs>(pairs, blocks, launch) || ...);
+  }(std::integer_sequence<int, 1, 2, 3, 4, 6, 8, 12>{});
+}
+
+// Calls launch.template operator()<kRowThreads, kPairs>(blocks): a warp per row for many rows of up to 768
+// columns, else a block per row (up to kMaxLayerNormHidden columns, which CheckWidth enforces).
 template <typename Launch>
-void DispatchPairs(int64_t width, const Launch& launch) {
-  const int64_t pairs = CeilDiv(width, 64);
-  if (pairs <= 2) return launch.template operator()<2>();
-  if (pairs <= 4) return launch.template operator()<4>();
-  if (pairs <= 6) return launch.template operator()<6>();
-  if (pairs <= 8) return launch.template operator()<8>();
-  if (pairs <= 12) return launch.template operator()<12>();
-  if (pairs <= 16) return launch.template operator()<16>();
-  if (pairs <= 32) return launch.template operator()<32>();
-  throw std::runtime_error("hidden size " + std::to_string(width) + " exceeds the CUDA LayerNorm limit " +
-                           std::to_string(kMaxLayerNormHidden));
+void DispatchRows(int64_t rows, int64_t width, const Launch& launch) {
+  if (rows > kBlockPerRowMaxRows && LaunchWithRowThreads<32>(rows, width, launch)) return;
+  if (!LaunchWithRowThreads<kThreads>(rows, width, launch)) {
+    throw std::runtime_error("hidden size " + std::to_string(width) + " exceeds the CUDA LayerNorm limit " +
+                             std::to_string(kMaxLayerNormHidden));
+  }
 }
 
 void CheckWidth(int64_t width) {
@@ -332,8 +439,8 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
                               int64_t num_tokens, int64_t hidden, float epsilon, T* out, cudaStream_t stream) {
   CheckWidth(hidden);
   if (num_tokens == 0) return;
-  DispatchPairs(hidden, [&]<int kPairs>() {
-    LaunchAfterPredecessor("EmbeddingLayerNormKernel", EmbeddingLayerNormKernel<T, kPairs>, WarpBlocks(num_tokens),
+  DispatchRows(num_tokens, hidden, [&]<int kRowThreads, int kPairs>(unsigned blocks) {
+    LaunchAfterPredecessor("EmbeddingLayerNormKernel", EmbeddingLayerNormKernel<T, kRowThreads, kPairs>, blocks,
                            kThreads, 0, stream, word, position, token_type, gamma, beta, vocab_size, type_vocab_size,
                            input_ids, segment_ids, seq, cu_seqlens, batch, num_tokens, hidden, epsilon, out);
   });
@@ -347,9 +454,9 @@ void LaunchResidualLayerNormOfParts(const TX* x, int64_t part_stride, const T* b
                                     const int32_t* zero_rows_without_tokens, const L2Prefetch& next) {
   CheckWidth(width);
   if (rows == 0) return;
-  DispatchPairs(width, [&]<int kPairs>() {
-    LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kPairs, TX, kParts>,
-                           WarpBlocks(rows), kThreads, 0, stream, x, part_stride, bias, gamma, beta, rows, width,
+  DispatchRows(rows, width, [&]<int kRowThreads, int kPairs>(unsigned blocks) {
+    LaunchAfterPredecessor("ResidualLayerNormKernel", ResidualLayerNormKernel<T, kRowThreads, kPairs, TX, kParts>,
+                           blocks, kThreads, 0, stream, x, part_stride, bias, gamma, beta, rows, width,
                            epsilon, hidden, zero_rows_without_tokens, next);
   });
 }

@@ -17,7 +17,7 @@
 namespace bertserve {
 namespace cuda {
 
-// Largest hidden size the one-warp-per-row LayerNorm kernels hold in registers; hidden must also be even.
+// Largest hidden size the LayerNorm kernels hold in registers (a warp or a block per row); hidden must also be even.
 constexpr int64_t kMaxLayerNormHidden = 2048;
 
 // hidden[t] = LayerNorm(word[id] + position[p] + token_type[segment]) for each real packed token t (row b,
