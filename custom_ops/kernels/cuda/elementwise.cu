@@ -23,8 +23,8 @@ constexpr int64_t kH200Sms = 132;
 
 // A row kernel's row is held by kRowThreads threads: one warp, or (kRowThreads = kThreads) the whole block. A warp
 // per row walks a 768-wide row in 12 pairs a lane, and a kernel over a few rows then runs on a few SMs, each lane's
-// dozens of loads in flight at once through one SM; at a few hundred rows or fewer the block per row spreads the
-// same loads over 4x the SMs, 3 pairs a thread (DispatchRows).
+// dozens of loads in flight at once through one SM; at up to 128 rows the block per row spreads the same loads over
+// 4x the SMs, 3 pairs a thread (DispatchRows).
 template <int kRowThreads>
 struct RowSplit {
   static_assert(kRowThreads == 32 || kRowThreads == kThreads, "a warp or the whole block per row");
@@ -200,9 +200,8 @@ __global__ void __launch_bounds__(kThreads)
   float2 v[kPairs];
   RowAffine<T, kRowThreads, kPairs> affine;
   if constexpr (kRowThreads == 32) {
-    // A warp per row: ptxas interleaves each pair's loads with the sums before them, and gamma and beta come after.
-    // All 96 loads of a lane in one burst made batch 1 11 % slower, gamma and beta among them batch 32 1.5 % (log,
-    // step 47).
+    // A warp per row, as before step 47: ptxas interleaves each pair's loads with the sums before them, and gamma
+    // and beta come after. All 96 loads of a lane in one burst made batch 1 11 % slower (log, step 47).
 #pragma unroll
     for (int i = 0; i < kPairs; ++i) {
       const int q = PairInRow<kRowThreads>(i, lane, width);
@@ -239,7 +238,8 @@ __global__ void __launch_bounds__(kThreads)
 // (batch 1 6 % faster); at 192 rows a block per row was 1-2 % slower, at 700-43,000 rows 1-6 % (log, step 47).
 constexpr int64_t kBlockPerRowMaxRows = 128;
 
-// A warp holds at most 12 pairs a lane (hidden 768): with every load of the row in flight at once, more spill.
+// A warp per row takes hidden sizes up to 768 (12 pairs a lane); wider rows take a block per row (8 pairs a thread
+// at kMaxLayerNormHidden).
 template <int kRowThreads>
 constexpr int kMaxPairsPerThread = kRowThreads == 32 ? 12 : kMaxLayerNormHidden / (2 * kRowThreads);
 
