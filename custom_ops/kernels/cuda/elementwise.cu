@@ -24,10 +24,13 @@ constexpr int64_t kH200Sms = 132;
 // A row kernel's row is held by kRowThreads threads: one warp, or (kRowThreads = kThreads) the whole block. A warp
 // per row walks a 768-wide row in 12 pairs a lane, and a kernel over a few rows then runs on a few SMs, each lane's
 // dozens of loads in flight at once through one SM; at up to 128 rows the block per row spreads the same loads over
-// 4x the SMs, 3 pairs a thread (DispatchRows).
+// 4x the SMs, 3 pairs a thread (DispatchRows). A block per row also issues all of a row's loads, gamma and beta
+// included, before its sums (one L2 round trip); a warp per row leaves their order to ptxas, gamma and beta after
+// the sums (log, step 47).
 template <int kRowThreads>
 struct RowSplit {
   static_assert(kRowThreads == 32 || kRowThreads == kThreads, "a warp or the whole block per row");
+  static constexpr bool kBlockPerRow = kRowThreads == kThreads;
   static constexpr int kRowsPerBlock = kThreads / kRowThreads;
   __device__ static int Row() { return blockIdx.x * kRowsPerBlock + threadIdx.x / kRowThreads; }
   __device__ static int Lane() { return threadIdx.x % kRowThreads; }
@@ -55,7 +58,7 @@ __device__ __forceinline__ void ZeroPairsPastWidth(float2 (&v)[kPairs], int lane
 template <int kRowThreads>
 __device__ __forceinline__ float RowSum(float v, float* scratch) {
   v = WarpSum(v);
-  if constexpr (kRowThreads == 32) {
+  if constexpr (!RowSplit<kRowThreads>::kBlockPerRow) {
     return v;
   } else {
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
@@ -138,10 +141,10 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
   const int lane = Split::Lane();
   const int t = Split::Row();
   if (t >= num_tokens) return;
-  // gamma and beta as in ResidualLayerNormKernel: a block per row loads them before the row's token is looked up, a
-  // warp per row after its sums (loaded first there, batches 8 and 32 were 1.5-2 % slower; log, step 47).
+  // gamma and beta as RowSplit says: a block per row loads them before the row's token is looked up, a warp per row
+  // after its sums (loaded first there, batches 8 and 32 were 1.5-2 % slower; log, step 47).
   RowAffine<T, kRowThreads, kPairs> affine;
-  if constexpr (kRowThreads != 32) affine.Load(gamma, beta, lane, width);
+  if constexpr (Split::kBlockPerRow) affine.Load(gamma, beta, lane, width);
   const int b = RowOfToken(cu_seqlens, batch, t);
   if (b == batch) return;
   const int p = t - cu_seqlens[b];
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const float2 a = V::ToFloat2(w2[q]), c = V::ToFloat2(p2[q]), d = V::ToFloat2(s2[q]);
     v[i] = make_float2(a.x + c.x + d.x, a.y + c.y + d.y);
   }
-  if constexpr (kRowThreads == 32) affine.Load(gamma, beta, lane, width);
+  if constexpr (!Split::kBlockPerRow) affine.Load(gamma, beta, lane, width);
   ZeroPairsPastWidth<kRowThreads>(v, lane, width);
   LayerNormRowInRegisters<T, kRowThreads, kPairs>(v, lane, width, affine, epsilon,
                                                   out + static_cast<int64_t>(t) * width);
@@ -199,7 +202,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   float2 v[kPairs];
   RowAffine<T, kRowThreads, kPairs> affine;
-  if constexpr (kRowThreads == 32) {
+  if constexpr (!Split::kBlockPerRow) {
     // A warp per row, as before step 47: ptxas interleaves each pair's loads with the sums before them, and gamma
     // and beta come after. All 96 loads of a lane in one burst made batch 1 11 % slower (log, step 47).
 #pragma unroll
@@ -241,7 +244,7 @@ constexpr int64_t kBlockPerRowMaxRows = 128;
 // A warp per row takes hidden sizes up to 768 (12 pairs a lane); wider rows take a block per row (8 pairs a thread
 // at kMaxLayerNormHidden).
 template <int kRowThreads>
-constexpr int kMaxPairsPerThread = kRowThreads == 32 ? 12 : kMaxLayerNormHidden / (2 * kRowThreads);
+constexpr int kMaxPairsPerThread = RowSplit<kRowThreads>::kBlockPerRow ? kMaxLayerNormHidden / (2 * kRowThreads) : 12;
 
 // Launches the kernel of kPairs pairs a thread if that holds `pairs`.
 template <int kRowThreads, int kPairs, typename Launch>
