@@ -90,22 +90,6 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// Row b of a packed batch that owns packed token t (cu_seqlens[b] <= t < cu_seqlens[b+1]); batch when t lies
-// past the last real token (scratch rows of a CUDA-graph bucket).
-__device__ __forceinline__ int RowOfToken(const int32_t* cu_seqlens, int batch, int t) {
-  int lo = 0, hi = batch;  // invariant: cu_seqlens[lo] <= t < cu_seqlens[hi] when t is real
-  if (t >= cu_seqlens[batch]) return batch;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (cu_seqlens[mid] <= t) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Asks L2 for [ptr, ptr + bytes) with bulk prefetches (the issuing thread does not wait for them), the range

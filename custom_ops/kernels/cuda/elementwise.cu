@@ -32,7 +32,8 @@ struct RowSplit {
   static_assert(kRowThreads == 32 || kRowThreads == kThreads, "a warp or the whole block per row");
   static constexpr bool kBlockPerRow = kRowThreads == kThreads;
   static constexpr int kRowsPerBlock = kThreads / kRowThreads;
-  __device__ static int Row() { return blockIdx.x * kRowsPerBlock + threadIdx.x / kRowThreads; }
+  __device__ static int RowInBlock() { return threadIdx.x / kRowThreads; }
+  __device__ static int Row() { return blockIdx.x * kRowsPerBlock + RowInBlock(); }
   __device__ static int Lane() { return threadIdx.x % kRowThreads; }
 };
 
@@ -129,27 +130,31 @@ __device__ __forceinline__ void PrefetchToL2(const L2Prefetch& vectors) {
   }
 }
 
+// Block (b, j) embeds positions j * kRowsPerBlock .. of sequence b, one per kRowThreads threads: the grid is the
+// padded batch, so a position finds its ids at [b, p] and its packed row at cu_seqlens[b] + p with no search, and
+// every lookup is one L2 round trip, all in flight together (a grid over the packed tokens had to search
+// cu_seqlens for each token's sequence first: log2(batch) dependent loads). Padding positions load and return.
 template <typename T, int kRowThreads, int kPairs>
 __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ word, const T* __restrict__ position, const T* __restrict__ token_type,
     const T* __restrict__ gamma, const T* __restrict__ beta, int vocab_size, int type_vocab_size,
     const int32_t* __restrict__ input_ids, const int32_t* __restrict__ segment_ids, int seq,
-    const int32_t* __restrict__ cu_seqlens, int batch, int num_tokens, int width, float epsilon, T* __restrict__ out) {
+    const int32_t* __restrict__ cu_seqlens, int width, float epsilon, T* __restrict__ out) {
   BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceEmbedding, 0, width);
   using V = Vec2<T>;
   using Split = RowSplit<kRowThreads>;
   const int lane = Split::Lane();
-  const int t = Split::Row();
-  if (t >= num_tokens) return;
-  // gamma and beta as RowSplit says: a block per row loads them before the row's token is looked up, a warp per row
-  // after its sums (loaded first there, batches 8 and 32 were 1.5-2 % slower; log, step 47).
+  const int b = blockIdx.x;
+  const int p = blockIdx.y * Split::kRowsPerBlock + Split::RowInBlock();
+  if (p >= seq) return;
+  // gamma and beta as RowSplit says: a block per row loads them with the ids, a warp per row after its sums
+  // (loaded first there, batches 8 and 32 were 1.5-2 % slower; log, step 47).
   RowAffine<T, kRowThreads, kPairs> affine;
   if constexpr (Split::kBlockPerRow) affine.Load(gamma, beta, lane, width);
-  const int b = RowOfToken(cu_seqlens, batch, t);
-  if (b == batch) return;
-  const int p = t - cu_seqlens[b];
-  const int id = min(max(input_ids[static_cast<int64_t>(b) * seq + p], 0), vocab_size - 1);
-  const int segment = min(max(segment_ids[static_cast<int64_t>(b) * seq + p], 0), type_vocab_size - 1);
+  const int begin = cu_seqlens[b], end = cu_seqlens[b + 1];
+  const int64_t at = static_cast<int64_t>(b) * seq + p;
+  const int id = min(max(input_ids[at], 0), vocab_size - 1);
+  const int segment = min(max(segment_ids[at], 0), type_vocab_size - 1);
   const auto* w2 = reinterpret_cast<const typename V::type*>(word + static_cast<int64_t>(id) * width);
   const auto* p2 = reinterpret_cast<const typename V::type*>(position + static_cast<int64_t>(p) * width);
   const auto* s2 = reinterpret_cast<const typename V::type*>(token_type + static_cast<int64_t>(segment) * width);
@@ -160,10 +165,11 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const float2 a = V::ToFloat2(w2[q]), c = V::ToFloat2(p2[q]), d = V::ToFloat2(s2[q]);
     v[i] = make_float2(a.x + c.x + d.x, a.y + c.y + d.y);
   }
+  if (p >= end - begin) return;  // a padding position: the same for all of a row's threads
   if constexpr (!Split::kBlockPerRow) affine.Load(gamma, beta, lane, width);
   ZeroPairsPastWidth<kRowThreads>(v, lane, width);
   LayerNormRowInRegisters<T, kRowThreads, kPairs>(v, lane, width, affine, epsilon,
-                                                  out + static_cast<int64_t>(t) * width);
+                                                  out + static_cast<int64_t>(begin + p) * width);
 }
 
 // x is kParts [num_tokens, width] blocks part_stride elements apart, summed in fp32: the GEMM output (TX = T, one
@@ -346,18 +352,20 @@ __global__ void __launch_bounds__(kThreads) GatherFirstTokenKernel(const T* __re
   for (int c = lane; c < width; c += 32) dst[c] = empty ? FromFloat<T>(0.f) : src[c];
 }
 
+// A warp per padded position (b, p) (as the rebuild below): its packed row is cu_seqlens[b] + p, no search.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RemovePaddingKernel(const T* __restrict__ padded, int seq, int width, const int32_t* __restrict__ cu_seqlens,
-                        int batch, int num_tokens, T* __restrict__ packed) {
+                        int batch, T* __restrict__ packed) {
   BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceRowCopy, 1, width);
   const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (t >= num_tokens) return;
-  const int b = RowOfToken(cu_seqlens, batch, t);
-  if (b == batch) return;
-  const T* src = padded + (static_cast<int64_t>(b) * seq + (t - cu_seqlens[b])) * width;
-  T* dst = packed + static_cast<int64_t>(t) * width;
+  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
+  if (row >= batch * seq) return;
+  const int b = row / seq, p = row % seq;
+  const int begin = cu_seqlens[b];
+  if (p >= cu_seqlens[b + 1] - begin) return;
+  const T* src = padded + static_cast<int64_t>(row) * width;
+  T* dst = packed + static_cast<int64_t>(begin + p) * width;
   for (int c = lane; c < width; c += 32) dst[c] = src[c];
 }
 
@@ -441,11 +449,14 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
                               const int32_t* segment_ids, int64_t seq, const int32_t* cu_seqlens, int64_t batch,
                               int64_t num_tokens, int64_t hidden, float epsilon, T* out, cudaStream_t stream) {
   CheckWidth(hidden);
-  if (num_tokens == 0) return;
-  DispatchRows(num_tokens, hidden, [&]<int kRowThreads, int kPairs>(unsigned blocks) {
-    LaunchAfterPredecessor("EmbeddingLayerNormKernel", EmbeddingLayerNormKernel<T, kRowThreads, kPairs>, blocks,
+  if (num_tokens == 0 || batch == 0 || seq == 0) return;
+  // A warp or a block per row as for num_tokens rows, over the padded batch's positions.
+  DispatchRows(num_tokens, hidden, [&]<int kRowThreads, int kPairs>(unsigned) {
+    const dim3 grid(static_cast<unsigned>(batch),
+                    static_cast<unsigned>(CeilDiv(seq, RowSplit<kRowThreads>::kRowsPerBlock)));
+    LaunchAfterPredecessor("EmbeddingLayerNormKernel", EmbeddingLayerNormKernel<T, kRowThreads, kPairs>, grid,
                            kThreads, 0, stream, word, position, token_type, gamma, beta, vocab_size, type_vocab_size,
-                           input_ids, segment_ids, seq, cu_seqlens, batch, num_tokens, hidden, epsilon, out);
+                           input_ids, segment_ids, seq, cu_seqlens, hidden, epsilon, out);
   });
 }
 
@@ -566,8 +577,8 @@ template <typename T>
 void LaunchRemovePadding(const T* padded, int64_t seq, int64_t hidden, const int32_t* cu_seqlens, int64_t batch,
                          int64_t num_tokens, T* packed, cudaStream_t stream) {
   if (num_tokens == 0) return;
-  LaunchAfterPredecessor("RemovePaddingKernel", RemovePaddingKernel<T>, WarpBlocks(num_tokens), kThreads, 0, stream,
-                         padded, seq, hidden, cu_seqlens, batch, num_tokens, packed);
+  LaunchAfterPredecessor("RemovePaddingKernel", RemovePaddingKernel<T>, WarpBlocks(batch * seq), kThreads, 0, stream,
+                         padded, seq, hidden, cu_seqlens, batch, packed);
 }
 
 template <typename T>
