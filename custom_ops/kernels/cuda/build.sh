@@ -26,7 +26,10 @@ arch=${CUDA_ARCH:-arch=compute_90a,code=sm_90a}
 # CUTLASS_ENABLE_GDC_FOR_SM90 compiles CUTLASS's programmatic-launch waits and triggers into its kernels (every
 # translation unit alike, so that no inline function has two definitions).
 # STEP_TRACE=1 builds the diagnostic step trace in (step_trace.cuh).
-cutlass_flags=(-DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 ${STEP_TRACE:+-DBERTSERVE_STEP_TRACE} --expt-relaxed-constexpr
+# CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED lets CUTLASS pick wgmma atoms of every width, 80 tokens among them (the
+# tiles of 80 tokens; without it a tile's width falls back to a divisor, 16 for 80).
+cutlass_flags=(-DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+  ${STEP_TRACE:+-DBERTSERVE_STEP_TRACE} --expt-relaxed-constexpr
   -diag-suppress 2908 -I"$cutlass/include" -I"$cutlass/tools/util/include")
 mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.

@@ -1,8 +1,8 @@
 // The FFN GEMM + GELU's tile configurations (CUTLASS M x N x K = features x tokens x k): the small tiles
 // (cutlass_gemm_kernels.cuh) for a few hundred tokens, wide cooperative and ping-pong tiles with 2-block clusters
 // for thousands (each ping-pong consumer warp group owns a tile, so one group's GELU epilogue overlaps the other's
-// main loop), and a cooperative 256x96 tile, which at ~1,000 tokens makes one wave on 132 SMs (12 x 11 tiles at
-// 1,024; log, step 39).
+// main loop), and cooperative 256x96 and 256x80 tiles, near one wave on 132 SMs at ~1,000 and ~700 tokens (12 x 11
+// tiles at 1,024, 12 x 9 at 704; log, steps 39 and 48).
 #include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
 
 namespace bertserve {
@@ -19,6 +19,7 @@ const std::vector<Runner>& GeluRunners() {
   using PingpongSquare = Kernel<F, Shape<_128, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   using PingpongNarrow = Kernel<F, Shape<_64, _128, _64>, Shape<_2, _1, _1>, Pingpong, PingpongEpilogue>;
   using TallNarrow = Kernel<F, Shape<_256, _96, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>;
+  using TallNarrower = Kernel<F, Shape<_256, _80, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>;
   static const std::vector<Runner> runners = WithSmallTiles<F>({
       {"cooperative 128x256x64 cluster 2x1", &Wide::Run},
       {"cooperative 256x128x64 cluster 1x2", &Tall::Run},
@@ -27,6 +28,7 @@ const std::vector<Runner>& GeluRunners() {
       {"ping-pong 128x128x64 cluster 2x1", &PingpongSquare::Run},
       {"ping-pong 64x128x64 cluster 2x1", &PingpongNarrow::Run},
       {"cooperative 256x96x64", &TallNarrow::Run},
+      {"cooperative 256x80x64", &TallNarrower::Run},
   });
   return runners;
 }

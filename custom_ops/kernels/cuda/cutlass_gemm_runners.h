@@ -68,6 +68,15 @@ inline bool IsSmallTile(int runner) { return runner >= kSmallTile && runner <= k
 constexpr int64_t kSmallGemmMaxTokens = 256;
 inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
 
+// The plain GEMMs' basic tiles of 80 and 96 tokens (the last two of their table) are the exception: timed at any
+// row count. At 704 tokens the autotuner chose 64x80 for the attention output, and batch 32 (U[8,32]) was 0.97x
+// side by side, batch 8 0.96x with 64x96 for QKV at 192 rows (log, step 48).
+constexpr int kBasicTile80 = 6;
+constexpr int kBasicTile96 = 7;
+inline bool TimedAtAnyRows(int plain_runner) {
+  return plain_runner == kBasicTile80 || plain_runner == kBasicTile96;
+}
+
 // Which small tile a shape nobody timed runs as: the narrow one as a non-persistent kernel up to
 // kNarrowTileMaxTokens rows, where the autotuner chose it for nearly every GEMM of the chit-chat ranker (1, 8 and
 // 32 rows, five processes; log, step 44; the ping-pong narrow tile before it, step 33), the ping-pong 64x64x64
