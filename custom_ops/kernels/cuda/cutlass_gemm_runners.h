@@ -47,6 +47,8 @@ struct Runner {
   const char* name;
   // kSuccess or why not; launches nothing when the configuration cannot run the shape.
   cutlass::Status (*run)(const Problem& p, cudaStream_t stream);
+  // Whether the autotuners time it above kSmallGemmMaxTokens rows (below, they time every configuration).
+  bool timed_at_any_rows = false;
 };
 
 // The configurations for one epilogue. Each table starts with the four small tiles (one block a cluster):
@@ -57,25 +59,18 @@ constexpr int kSmallTile = 0;
 constexpr int kNarrowTile = 1;
 constexpr int kBasicNarrowTile = 2;
 constexpr int kBasicSmallTile = 3;
-inline bool IsSmallTile(int runner) { return runner >= kSmallTile && runner <= kBasicSmallTile; }
 
 // Whether a shape nobody timed runs as a small-tile kernel rather than cuBLASLt: a few hundred rows or fewer,
 // and k <= n. On the H200 (log, step 31) it beat cuBLASLt there in the forward; with k = 4n (the FFN output) its
 // n / 64 blocks each stream too much of the weights, and cuBLASLt's split-k kernels are faster.
-// Above kSmallGemmMaxTokens rows the autotuners do not time the plain GEMMs' CUTLASS kernels, nor the GEMM +
-// GELU's small tiles, at all: timed back to back they beat cuBLASLt there, and in the forward they lost (batch 32
-// at U[8,32], 704 tokens: 0.285 ms with them, 0.270 without, side by side; log, step 32).
+// Above kSmallGemmMaxTokens rows the autotuners time only the configurations marked Runner::timed_at_any_rows:
+// not the small tiles, nor the plain GEMMs' wider ping-pong and cooperative tiles, which timed back to back beat
+// cuBLASLt there and in the forward lost (batch 32 at U[8,32], 704 tokens: 0.285 ms with them, 0.270 without, side
+// by side; log, step 32). The plain GEMMs' basic tiles of 80 and 96 tokens are marked: at 704 tokens the autotuner
+// chose 64x80 for the attention output and batch 32 (U[8,32]) was 0.97x side by side, batch 8 0.96x with 64x96
+// for QKV at 192 rows (log, step 48); so are the GEMM + GELU's tiles other than the small ones.
 constexpr int64_t kSmallGemmMaxTokens = 256;
 inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
-
-// The plain GEMMs' basic tiles of 80 and 96 tokens (the last two of their table) are the exception: timed at any
-// row count. At 704 tokens the autotuner chose 64x80 for the attention output, and batch 32 (U[8,32]) was 0.97x
-// side by side, batch 8 0.96x with 64x96 for QKV at 192 rows (log, step 48).
-constexpr int kBasicTile80 = 6;
-constexpr int kBasicTile96 = 7;
-inline bool TimedAtAnyRows(int plain_runner) {
-  return plain_runner == kBasicTile80 || plain_runner == kBasicTile96;
-}
 
 // Which small tile a shape nobody timed runs as: the narrow one as a non-persistent kernel up to
 // kNarrowTileMaxTokens rows, where the autotuner chose it for nearly every GEMM of the chit-chat ranker (1, 8 and

@@ -174,7 +174,7 @@ const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
 }
 
 // The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1: any runner up to kSmallGemmMaxTokens rows,
-// above only those cutlass_gemm::TimedAtAnyRows (see there). Timed (cublas_ms >= 0, cuBLASLt's best time): the
+// above only those timed_at_any_rows (see there). Timed (cublas_ms >= 0, cuBLASLt's best time): the
 // fastest runner that beats it. Untimed: the small tiles where cutlass_gemm::SmallTileByDefault.
 int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue epilogue,
                         const Operands& o, float cublas_ms) {
@@ -186,7 +186,7 @@ int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_
   return GpuTimer(o.stream).Fastest(
       static_cast<int>(runners.size()),
       [&](int i) {
-        if (!few_rows && !cutlass_gemm::TimedAtAnyRows(i)) return false;
+        if (!few_rows && !runners[i].timed_at_any_rows) return false;
         return runners[i].run(p, o.stream) == cutlass::Status::kSuccess;
       },
       ConsumerOf(o), &cublas_ms);

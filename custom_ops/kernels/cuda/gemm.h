@@ -24,7 +24,7 @@ struct GemmOptions {
   bool autotune = false;
   // fp16 GEMMs may run as CUTLASS sm90 kernels that join the core's programmatic launch chain (common.cuh), which
   // cuBLASLt's cannot, for a few hundred rows or fewer (cutlass_gemm::kSmallGemmMaxTokens; two tiles at any row
-  // count, cutlass_gemm::TimedAtAnyRows): with autotuning where they time faster, otherwise by
+  // count, cutlass_gemm::Runner::timed_at_any_rows): with autotuning where they time faster, otherwise by
   // cutlass_gemm::SmallTileByDefault. And fp16 encoders run the FFN GEMM + GELU
   // through GemmBiasGelu, which may put GELU in a CUTLASS GEMM's epilogue instead of a pass of its own over the
   // activations. Off: cuBLASLt and the GELU pass, always.

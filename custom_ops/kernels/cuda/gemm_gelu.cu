@@ -55,15 +55,17 @@ bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, c
 }
 
 // The fastest candidate on these operands (queued on the caller's stream; waits for the device).
-// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan. The small
-// tiles are candidates only up to kSmallGemmMaxTokens rows, as for the plain GEMMs.
+// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan. Above
+// kSmallGemmMaxTokens rows only the configurations timed_at_any_rows are candidates (all but the small tiles).
 int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
   float best_ms = 1e30f;
   const int best = GpuTimer(stream).Fastest(
       static_cast<int>(AllRunners().size()) + 1,
       [&](int i) {
         const int plan = i - 1;
-        if (cutlass_gemm::IsSmallTile(plan) && p.m > cutlass_gemm::kSmallGemmMaxTokens) return false;
+        const bool untimed_here = plan != kGemmPlusPass && p.m > cutlass_gemm::kSmallGemmMaxTokens &&
+                                  !AllRunners()[plan].timed_at_any_rows;
+        if (untimed_here) return false;
         return Launch(context, plan, p, workspace, stream);
       },
       &best_ms);
