@@ -92,6 +92,13 @@ __device__ __forceinline__ float WarpMax(float v) {
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The packed row of position p of padded sequence b (whose rows are cu_seqlens[b] .. cu_seqlens[b + 1] - 1), or -1
+// where p is padding: how the kernels over a padded batch's positions find their rows, with no search.
+__device__ __forceinline__ int PackedRowOf(const int32_t* cu_seqlens, int b, int p) {
+  const int begin = cu_seqlens[b];
+  return p < cu_seqlens[b + 1] - begin ? begin + p : -1;
+}
+
 // Asks L2 for [ptr, ptr + bytes) with bulk prefetches (the issuing thread does not wait for them), the range
 // widened to 16-byte boundaries as the instruction requires (never past an allocation: they are 256-byte granular).
 __device__ __forceinline__ void PrefetchRangeToL2(const void* ptr, uint64_t bytes) {

@@ -131,7 +131,7 @@ __device__ __forceinline__ void PrefetchToL2(const L2Prefetch& vectors) {
 }
 
 // Block (b, j) embeds positions j * kRowsPerBlock .. of sequence b, one per kRowThreads threads: the grid is the
-// padded batch, so a position finds its ids at [b, p] and its packed row at cu_seqlens[b] + p with no search, and
+// padded batch, so a position finds its ids at [b, p] and its packed row (PackedRowOf) with no search, and
 // every lookup is one L2 round trip, all in flight together (a grid over the packed tokens had to search
 // cu_seqlens for each token's sequence first: log2(batch) dependent loads). Padding positions load and return.
 template <typename T, int kRowThreads, int kPairs>
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
   // (loaded first there, batches 8 and 32 were 1.5-2 % slower; log, step 47).
   RowAffine<T, kRowThreads, kPairs> affine;
   if constexpr (Split::kBlockPerRow) affine.Load(gamma, beta, lane, width);
-  const int begin = cu_seqlens[b], end = cu_seqlens[b + 1];
+  const int t = PackedRowOf(cu_seqlens, b, p);
   const int64_t at = static_cast<int64_t>(b) * seq + p;
   const int id = min(max(input_ids[at], 0), vocab_size - 1);
   const int segment = min(max(segment_ids[at], 0), type_vocab_size - 1);
@@ -165,11 +165,11 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const float2 a = V::ToFloat2(w2[q]), c = V::ToFloat2(p2[q]), d = V::ToFloat2(s2[q]);
     v[i] = make_float2(a.x + c.x + d.x, a.y + c.y + d.y);
   }
-  if (p >= end - begin) return;  // a padding position: the same for all of a row's threads
+  if (t < 0) return;  // a padding position: the same for all of a row's threads
   if constexpr (!Split::kBlockPerRow) affine.Load(gamma, beta, lane, width);
   ZeroPairsPastWidth<kRowThreads>(v, lane, width);
   LayerNormRowInRegisters<T, kRowThreads, kPairs>(v, lane, width, affine, epsilon,
-                                                  out + static_cast<int64_t>(begin + p) * width);
+                                                  out + static_cast<int64_t>(t) * width);
 }
 
 // x is kParts [num_tokens, width] blocks part_stride elements apart, summed in fp32: the GEMM output (TX = T, one
@@ -345,14 +345,13 @@ __global__ void __launch_bounds__(kThreads) GatherFirstTokenKernel(const T* __re
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (b >= batch) return;
-  const int begin = cu_seqlens[b];
-  const bool empty = cu_seqlens[b + 1] == begin;
-  const T* src = packed + static_cast<int64_t>(begin) * width;
+  const int t = PackedRowOf(cu_seqlens, b, 0);  // -1 for a row without tokens
+  const T* src = packed + static_cast<int64_t>(t) * width;  // read only where t >= 0
   T* dst = first + static_cast<int64_t>(b) * width;
-  for (int c = lane; c < width; c += 32) dst[c] = empty ? FromFloat<T>(0.f) : src[c];
+  for (int c = lane; c < width; c += 32) dst[c] = t >= 0 ? src[c] : FromFloat<T>(0.f);
 }
 
-// A warp per padded position (b, p) (as the rebuild below): its packed row is cu_seqlens[b] + p, no search.
+// A warp per padded position (b, p), as the rebuild below: its packed row is PackedRowOf(b, p), no search.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RemovePaddingKernel(const T* __restrict__ padded, int seq, int width, const int32_t* __restrict__ cu_seqlens,
@@ -361,11 +360,10 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
   if (row >= batch * seq) return;
-  const int b = row / seq, p = row % seq;
-  const int begin = cu_seqlens[b];
-  if (p >= cu_seqlens[b + 1] - begin) return;
+  const int t = PackedRowOf(cu_seqlens, row / seq, row % seq);
+  if (t < 0) return;
   const T* src = padded + static_cast<int64_t>(row) * width;
-  T* dst = packed + static_cast<int64_t>(begin + p) * width;
+  T* dst = packed + static_cast<int64_t>(t) * width;
   for (int c = lane; c < width; c += 32) dst[c] = src[c];
 }
 
@@ -377,12 +375,10 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
   if (row >= batch * seq) return;
-  const int b = row / seq, p = row % seq;
-  const int begin = cu_seqlens[b];
-  const bool real = p < cu_seqlens[b + 1] - begin;
-  const T* src = packed + static_cast<int64_t>(begin + p) * width;
+  const int t = PackedRowOf(cu_seqlens, row / seq, row % seq);
+  const T* src = packed + static_cast<int64_t>(t) * width;  // read only where t >= 0
   T* dst = padded + static_cast<int64_t>(row) * width;
-  for (int c = lane; c < width; c += 32) dst[c] = real ? src[c] : FromFloat<T>(0.f);
+  for (int c = lane; c < width; c += 32) dst[c] = t >= 0 ? src[c] : FromFloat<T>(0.f);
 }
 
 template <typename T>
