@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -37,9 +38,19 @@ bool RunCutlass(const Problem& p, void* workspace, cudaStream_t stream, bool pdl
          gemm.run(stream, nullptr, pdl) == cutlass::Status::kSuccess;
 }
 
+// The core's launch (Kernel::Run: parameters made once a problem, programmatic serialization up to
+// kChainMaxTokens rows), which a stream-K kernel needs: it keeps its locks zero between launches instead of a memset
+// before each.
+template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule, class Tag>
+bool RunCore(const Problem& p, void*, cudaStream_t stream, bool) {
+  using K = Kernel<F, TileShape, ClusterShape, MainloopSchedule, EpilogueSchedule, Tag>;
+  return K::Run(p, stream) == cutlass::Status::kSuccess;
+}
+
 struct Variant {
   const char* name;
   bool (*run)(const Problem&, void*, cudaStream_t, bool);
+  bool core = false;  // launched as the core does (RunCore): timed once, its output checked
 };
 
 template <Fused F>
@@ -53,6 +64,14 @@ const std::vector<Variant>& Variants() {
       {"coop 128x128 1x1",
        &RunCutlass<F, Shape<_128, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue>},
       {"coop 128x64 1x2", &RunCutlass<F, Shape<_128, _64, _64>, Shape<_1, _2, _1>, Cooperative, CooperativeEpilogue>},
+      {"stream-K coop 128x128 1x1",
+       &RunCore<F, Shape<_128, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue, StreamK>, true},
+      {"stream-K coop 128x64 1x1",
+       &RunCore<F, Shape<_128, _64, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue, StreamK>, true},
+      {"stream-K coop 256x128 1x1",
+       &RunCore<F, Shape<_256, _128, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue, StreamK>, true},
+      {"stream-K coop 128x96 1x1",
+       &RunCore<F, Shape<_128, _96, _64>, Shape<_1, _1, _1>, Cooperative, CooperativeEpilogue, StreamK>, true},
   };
   return variants;
 }
@@ -165,6 +184,12 @@ int main() {
   CK(cudaMalloc(&y, size_t(max_t) * max_n * 2));
   CK(cudaMalloc(&bias, max_n * 2));
   CK(cudaMalloc(&workspace, kWorkspaceBytes));
+  void* stream_k_workspace;  // the core's (gemm.h): partial accumulators, then locks that start zero
+  CK(cudaMalloc(&stream_k_workspace,
+                bertserve::cuda::kStreamKPartialBytes + bertserve::cuda::kStreamKLockBytes));
+  __half* y_ref;
+  CK(cudaMalloc(&y_ref, size_t(max_t) * max_n * 2));
+  std::vector<__half> got(size_t(max_t) * max_n), want(size_t(max_t) * max_n);
   FillKernel<<<1024, 256>>>(pool, kWeightPoolBytes / 2, 1);
   FillKernel<<<1024, 256>>>(x, size_t(max_t) * max_k, 2);
   FillKernel<<<16, 256>>>(bias, max_n, 3);
@@ -179,11 +204,13 @@ int main() {
                         {"attn_out", 768, 768, Fused::kNone},
                         {"ffn", 3072, 768, Fused::kBiasGelu},
                         {"ffn_out", 768, 3072, Fused::kNone}};
-  for (const int t : {32, 256, 736, 1024, 2048}) {
+  for (const int t : {32, 256, 512, 704, 736, 1024, 2048}) {
     for (const Gemm& g : gemms) {
       const size_t w_elems = size_t(g.n) * g.k;
       const int copies = static_cast<int>(kWeightPoolBytes / 2 / w_elems);
-      auto problem = [&](int copy) { return Problem{x, pool + copy * w_elems, bias, y, t, g.n, g.k, 132}; };
+      auto problem = [&](int copy) {
+        return Problem{x, pool + copy * w_elems, bias, y, t, g.n, g.k, 132, stream_k_workspace};
+      };
       // cuBLASLt: bias in its epilogue where the GEMM has one; GELU as a pass of its own is not timed here.
       const Cublas c = MakeCublas(handle, t, g.n, g.k, g.fuse != Fused::kNone, bias);
       float first = -1, best = 1e30f;
@@ -198,7 +225,38 @@ int main() {
       printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cublaslt first\", \"us\": %.2f}\n", t, g.name, first);
       printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cublaslt best of %d (#%d)\", \"us\": %.2f}\n", t, g.name,
              c.found, best_i, best);
+      // The reference output: the first CUTLASS variant's (persistent scheduler, same epilogue) on copy 0.
+      const size_t y_elems = size_t(t) * g.n;
+      if (!VariantsFor(g.fuse)[0].run(problem(0), workspace, stream, false)) return 1;
+      CK(cudaMemcpyAsync(y_ref, y, y_elems * 2, cudaMemcpyDeviceToDevice, stream));
+      CK(cudaStreamSynchronize(stream));
       for (const Variant& v : VariantsFor(g.fuse)) {
+        if (v.core) {
+          // Each copy's parameters made (and its locks zeroed) before the capture, as the core's autotuner does.
+          for (int copy = 0; copy < copies && copy < kLaunchesPerGraph; ++copy) {
+            v.run(problem(copy), workspace, stream, true);
+          }
+          CK(cudaStreamSynchronize(stream));
+          const float us = GraphMicros(stream, copies, [&](int copy) {
+            return v.run(problem(copy), workspace, stream, true);
+          });
+          // Twice on copy 0: the second launch runs on the locks the first left.
+          float worst = -1.f;
+          if (us > 0) {
+            CK(cudaMemsetAsync(y, 0, y_elems * 2, stream));
+            for (int i = 0; i < 2; ++i) v.run(problem(0), workspace, stream, true);
+            CK(cudaMemcpyAsync(got.data(), y, y_elems * 2, cudaMemcpyDeviceToHost, stream));
+            CK(cudaMemcpyAsync(want.data(), y_ref, y_elems * 2, cudaMemcpyDeviceToHost, stream));
+            CK(cudaStreamSynchronize(stream));
+            worst = 0.f;
+            for (size_t i = 0; i < y_elems; ++i) {
+              worst = std::max(worst, std::abs(__half2float(got[i]) - __half2float(want[i])));
+            }
+          }
+          printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cutlass %s core\", \"us\": %.2f, "
+                 "\"max_abs_diff\": %.3g}\n", t, g.name, v.name, us, worst);
+          continue;
+        }
         for (const bool pdl : {false, true}) {
           const float us = GraphMicros(stream, copies, [&](int copy) {
             return v.run(problem(copy), workspace, stream, pdl);
