@@ -28,7 +28,6 @@
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/gemm/kernel/sm90_tile_scheduler_stream_k.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
@@ -89,51 +88,6 @@ using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
 // cutlass_gemm_partials.cu), which Runners (cutlass_gemm_plain.cu) hands out.
 const std::vector<Runner>& GeluRunners();
 const std::vector<Runner>& PartialsRunners();
-
-// Stream-K (CUTLASS's PersistentTileSchedulerSm90StreamK): at a few hundred tokens an output of a few dozen tiles
-// leaves part of the 132 SMs idle or makes a second, partial wave; stream-K hands every block an even share of all
-// the tiles' k iterations instead, the blocks that share a tile adding their partial accumulators through the
-// workspace under a lock per tile. Two changes make it fit the chain and CUDA graphs:
-// - `is_last_tile` (the early programmatic-launch trigger) on a copy of the scheduler: CUTLASS 4.2's const version
-//   does not compile with CUTLASS_ENABLE_GDC_FOR_SM90;
-// - the block that finishes a tile (the last of its peers, which waited for all the others) sets the tile's lock back
-//   to zero, so the locks are zero between launches and a launch needs no memset before it (a graph node that
-//   would break the chain). The locks are zeroed once, when a problem's parameters are made (Kernel::Run).
-template <class TileShape, class ClusterShape>
-struct SelfResettingStreamK
-    : cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape> {
-  using Base = cutlass::gemm::kernel::detail::PersistentTileSchedulerSm90StreamK<TileShape, ClusterShape>;
-  using typename Base::Params;
-  using typename Base::WorkTileInfo;
-  using Base::Base;
-
-  CUTLASS_DEVICE bool is_last_tile(WorkTileInfo work, uint32_t advance_count = 1) const {
-    if (this->continue_current_work(work)) return false;
-    Base next = *this;
-    next.advance_to_next_work(advance_count);
-    return !next.get_current_work().is_valid();
-  }
-
-  // Where the partial accumulators end and the locks begin: what fixup computes.
-  CUTLASS_HOST_DEVICE static size_t PartialBytes(const Params& params) {
-    return Params::get_reduction_workspace_size(params.sk_tiles_, cutlass::gemm::to_gemm_coord(TileShape{}),
-                                                cutlass::sizeof_bits<float>::value);
-  }
-
-  template <class Accumulators>
-  CUTLASS_DEVICE static void fixup(const Params& params, const WorkTileInfo& work, Accumulators& accumulators,
-                                   uint32_t num_barriers, uint32_t barrier_idx) {
-    Base::fixup(params, work, accumulators, num_barriers, barrier_idx);
-    if (!Base::requires_fixup(params, work) || !Base::compute_epilogue(work, params)) return;
-    if (threadIdx.x % cutlass::NumThreadsPerWarpGroup != 0) return;
-    using Lock = typename Base::BarrierType;
-    Lock* locks = reinterpret_cast<Lock*>(static_cast<char*>(params.reduction_workspace_) + PartialBytes(params));
-    locks[Base::output_tile_index(params, work) * num_barriers + barrier_idx] = 0;
-  }
-};
-
-// The tile scheduler tag of the stream-K kernels (Kernel's SchedulerTag).
-struct StreamK {};
 
 // A CUTLASS sm90 GEMM kernel whose blocks first ask L2 for the weights (the A operand, W^T), each block an even
 // share of them whatever tiles it then owns, and block 0 for the epilogue's bias, before the kernel's
@@ -327,17 +281,12 @@ struct WeightsBeforeWait : Base {
 
 // What identifies a launch's parameters (Kernel::Run): every field of the Problem. A serving process sees a bounded
 // set of them (weights, its workspaces, token counts), but nothing guarantees it, hence the bound.
-using ProblemKey =
-    std::tuple<const __half*, const __half*, const __half*, void*, int64_t, int64_t, int64_t, int, void*, int>;
-inline ProblemKey KeyOf(const Problem& p) {
-  return {p.x, p.w, p.bias, p.y, p.m, p.n, p.k, p.sm_count, p.stream_k_workspace, p.k_splits};
-}
+using ProblemKey = std::tuple<const __half*, const __half*, const __half*, void*, int64_t, int64_t, int64_t, int, int>;
+inline ProblemKey KeyOf(const Problem& p) { return {p.x, p.w, p.bias, p.y, p.m, p.n, p.k, p.sm_count, p.k_splits}; }
 constexpr size_t kMaxRememberedProblems = 1024;
 
-template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule,
-          class SchedulerTag = cutlass::gemm::PersistentScheduler>
+template <Fused F, class TileShape, class ClusterShape, class MainloopSchedule, class EpilogueSchedule>
 struct Kernel {
-  static constexpr bool kStreamK = std::is_same_v<SchedulerTag, StreamK>;
   using Layout = cutlass::layout::ColumnMajor;
   static constexpr int kAlign = 8;  // 16 bytes of fp16: TMA's requirement on every leading dimension
   using Out = std::conditional_t<F == Fused::kFp32Partials, float, Half>;
@@ -357,7 +306,7 @@ struct Kernel {
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
   using Universal = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                         CollectiveEpilogue, SchedulerTag>;
+                                                         CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using GemmKernel = WeightPrefetching<
       std::conditional_t<std::is_same_v<MainloopSchedule, cutlass::gemm::KernelTmaWarpSpecialized>,
                          WeightsBeforeWait<Universal>, Universal>>;
@@ -390,39 +339,6 @@ struct Kernel {
     return args;
   }
 
-  // The persistent and basic kernels run without a workspace: one would need initialising before every launch,
-  // which reusing the parameters skips.
-  static cutlass::Status PlainParams(const typename Gemm::Arguments& args, cudaStream_t stream,
-                                     typename Gemm::Params* params) {
-    if (Gemm::get_workspace_size(args) != 0) return cutlass::Status::kErrorNotSupported;
-    Gemm gemm;
-    const cutlass::Status status = gemm.initialize(args, nullptr, stream);
-    *params = gemm.params();
-    return status;
-  }
-
-  // A stream-K kernel's partial accumulators end where the stream-K workspace's locks begin, whatever their size,
-  // so that no problem's partial accumulators overwrite another's locks (kept zero between launches; zeroed here,
-  // on the stream, once a problem).
-  static cutlass::Status StreamKParams(const typename Gemm::Arguments& args, const Problem& p, cudaStream_t stream,
-                                       typename Gemm::Params* params) {
-    if (p.stream_k_workspace == nullptr) return cutlass::Status::kErrorNotSupported;
-    Gemm gemm;
-    cutlass::Status status = gemm.initialize(args, p.stream_k_workspace, stream);
-    if (status != cutlass::Status::kSuccess) return status;
-    *params = gemm.params();
-    using Scheduler = SelfResettingStreamK<TileShape, ClusterShape>;
-    const size_t partial_bytes = Scheduler::PartialBytes(params->scheduler);
-    if (partial_bytes > size_t(kStreamKPartialBytes) ||
-        Gemm::get_workspace_size(args) - partial_bytes > size_t(kStreamKLockBytes)) {
-      return cutlass::Status::kErrorNotSupported;
-    }
-    char* locks = static_cast<char*>(p.stream_k_workspace) + kStreamKPartialBytes;
-    params->scheduler.reduction_workspace_ = locks - partial_bytes;
-    return cudaMemsetAsync(locks, 0, kStreamKLockBytes, stream) == cudaSuccess ? cutlass::Status::kSuccess
-                                                                                : cutlass::Status::kErrorInternal;
-  }
-
   // CUTLASS's initialize builds the kernel's parameters on the host: a TMA descriptor per operand, each through a
   // driver entry point looked up by name, and the kernel's shared-memory attribute. Eager callers (the TF op)
   // launch the same problems again and again, so the parameters are kept per problem and a launch of one seen
@@ -437,11 +353,14 @@ struct Kernel {
       const typename Gemm::Arguments args = Arguments(p);
       cutlass::Status status = Gemm::can_implement(args);
       if (status != cutlass::Status::kSuccess) return status;
-      typename Gemm::Params params;
-      status = kStreamK ? StreamKParams(args, p, stream, &params) : PlainParams(args, stream, &params);
+      // Every configuration here runs without a workspace (no stream-K or split-k scheduler): one would need
+      // initialising before every launch, which reusing the parameters skips.
+      if (Gemm::get_workspace_size(args) != 0) return cutlass::Status::kErrorNotSupported;
+      Gemm gemm;
+      status = gemm.initialize(args, nullptr, stream);
       if (status != cutlass::Status::kSuccess) return status;
       if (launched.size() >= kMaxRememberedProblems) launched.clear();
-      it = launched.emplace(key, params).first;
+      it = launched.emplace(key, gemm.params()).first;
     }
     return Gemm::run(it->second, stream, /*cuda_adapter=*/nullptr, /*launch_with_pdl=*/p.m <= kChainMaxTokens);
   }
@@ -498,12 +417,5 @@ const std::vector<Runner>& PlainRunners() {
 }  // namespace cutlass_gemm
 }  // namespace cuda
 }  // namespace bertserve
-
-// CUTLASS's kernels find their tile scheduler by its tag.
-template <class TileShape, class ClusterShape, uint32_t SchedulerPipelineStageCount>
-struct cutlass::gemm::kernel::detail::TileSchedulerSelector<bertserve::cuda::cutlass_gemm::StreamK, cutlass::arch::Sm90,
-                                                            TileShape, ClusterShape, SchedulerPipelineStageCount> {
-  using Scheduler = bertserve::cuda::cutlass_gemm::SelfResettingStreamK<TileShape, ClusterShape>;
-};
 
 #endif  // BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_

@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "custom_ops/kernels/cuda/gemm.h"
 #include "cutlass/cutlass.h"
 
 namespace bertserve {
@@ -40,15 +39,8 @@ struct Problem {
   void* y;             // __half, or float for Fused::kFp32Partials
   int64_t m, n, k;
   int sm_count;
-  // The stream-K kernels' scratch (StreamKWorkspaceOf); they refuse the problem without it.
-  void* stream_k_workspace = nullptr;
   int k_splits = 1;
 };
-
-// The stream-K kernels' part of a caller's GEMM workspace (kGemmWorkspaceBytes, gemm.h): what follows cuBLASLt's.
-inline void* StreamKWorkspaceOf(void* gemm_workspace) {
-  return static_cast<char*>(gemm_workspace) + kCublasWorkspaceBytes;
-}
 
 // A compiled tile configuration.
 struct Runner {

@@ -145,7 +145,7 @@ void SetBias(Plan& plan, const void* bias) {
 cublasStatus_t Run(cublasLtHandle_t handle, const Plan& plan, const cublasLtMatmulAlgo_t& algo, const Operands& o) {
   const float alpha = 1.0f, beta = 0.0f;
   return cublasLtMatmul(handle, plan.desc, &alpha, o.w, plan.a, o.x, plan.b, &beta, o.y, plan.d, o.y, plan.d, &algo,
-                        o.workspace, kCublasWorkspaceBytes, o.stream);
+                        o.workspace, kGemmWorkspaceBytes, o.stream);
 }
 
 // The fastest of the heuristic's candidates on these operands (events on the caller's stream; waits for them);
@@ -166,8 +166,7 @@ cublasLtMatmulAlgo_t FastestAlgo(cublasLtHandle_t handle, const Plan& plan,
 
 cutlass_gemm::Problem CutlassProblem(const GemmContext* context, const Operands& o, int64_t m, int64_t n, int64_t k) {
   return {static_cast<const __half*>(o.x), static_cast<const __half*>(o.w), static_cast<const __half*>(o.bias),
-          o.y, m, n, k, context->sm_count,
-          cutlass_gemm::StreamKWorkspaceOf(o.workspace)};
+          o.y, m, n, k, context->sm_count};
 }
 
 const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
@@ -216,7 +215,7 @@ Plan MakePlan(GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue ep
 
   cublasLtMatmulPreference_t preference = nullptr;
   ThrowIfFailed(cublasLtMatmulPreferenceCreate(&preference), shape + " preference");
-  const uint64_t workspace = kCublasWorkspaceBytes;
+  const uint64_t workspace = kGemmWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                        sizeof(workspace));
   for (const auto attribute :

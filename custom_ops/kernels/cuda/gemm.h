@@ -33,12 +33,8 @@ struct GemmOptions {
 
 enum class Epilogue { kNone, kBias };
 
-// The caller's GEMM workspace: the scratch one cuBLASLt call may use, then the stream-K CUTLASS kernels'
-// (cutlass_gemm_kernels.cuh): their partial accumulators, then their tiles' locks, which every launch leaves zero.
-constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
-constexpr int64_t kStreamKPartialBytes = 16ll << 20;
-constexpr int64_t kStreamKLockBytes = 64ll << 10;
-constexpr int64_t kGemmWorkspaceBytes = kCublasWorkspaceBytes + kStreamKPartialBytes + kStreamKLockBytes;
+// Bytes of device scratch one cuBLASLt call may use (the caller's workspace reserves this much).
+constexpr int64_t kGemmWorkspaceBytes = 32ll << 20;
 
 // Throws std::runtime_error if cuBLASLt cannot be initialised on the current device.
 GemmContext* CreateGemmContext(const GemmOptions& options = GemmOptions());

@@ -77,8 +77,7 @@ int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStr
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream) {
   if (m == 0) return;
-  const Problem p{x, w, bias, y, m, n, k, SmCountOf(context),
-                  cutlass_gemm::StreamKWorkspaceOf(gemm_workspace)};
+  const Problem p{x, w, bias, y, m, n, k, SmCountOf(context)};
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (!cutlass_gemm::Supports(p)) {  // not for CUTLASS's TMA
     Launch(context, kGemmPlusPass, p, gemm_workspace, s);

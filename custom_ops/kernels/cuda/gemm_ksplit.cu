@@ -69,8 +69,7 @@ KSplitPlan FastestPlan(GemmContext* context, const Problem& p, void* workspace, 
 
 int GemmKSplit(GemmContext* context, const __half* x, const __half* w, float* partials, int64_t m, int64_t n,
                int64_t k, void* gemm_workspace, void* stream, const std::function<void(int parts)>& consumer) {
-  const Problem p{x, w, nullptr, partials, m, n, k, SmCountOf(context),
-                  cutlass_gemm::StreamKWorkspaceOf(gemm_workspace)};
+  const Problem p{x, w, nullptr, partials, m, n, k, SmCountOf(context)};
   if (m == 0 || m > kKSplitMaxTokens || !OptionsOf(context).custom_gemms || !cutlass_gemm::Supports(p)) return 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const ShapeKey key{m, n, k};
