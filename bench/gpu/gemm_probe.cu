@@ -1,10 +1,11 @@
 // Probe: what each of the chit-chat layer's four GEMMs costs at a few hundred tokens, cuBLASLt (every heuristic
 // candidate) against CUTLASS sm90 kernels (TMA, wgmma) with and without programmatic dependent launch (PDL), timed
 // as CUDA graphs of back-to-back launches with the weights rotating through 96 MB of copies (as in a forward, where
-// 85 MB of weights do not stay in L2). Prints one JSON line per (tokens, GEMM, variant).
+// 85 MB of weights do not stay in L2): tiles of the core's kernel template, some in clusters of up to 8 blocks, and
+// tiles with the tokens in CUTLASS's M. Prints one JSON line per (tokens, GEMM, variant).
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 \
-//     --expt-relaxed-constexpr -I. -I$CUTLASS/include -I$CUTLASS/tools/util/include -I$CUBLAS/include \
-//     bench/gpu/gemm_probe.cu -L$CUBLAS/lib -lcublasLt -o gemm_probe
+//     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED --expt-relaxed-constexpr -I. -I$CUTLASS/include \
+//     -I$CUTLASS/tools/util/include -I$CUBLAS/include bench/gpu/gemm_probe.cu -L$CUBLAS/lib -lcublasLt -o gemm_probe
 #include <cublasLt.h>
 #include <cuda_fp16.h>
 
@@ -146,21 +147,7 @@ float GraphMicros(cudaStream_t stream, int copies, const Launch& launch) {
   }
   cudaGraphExec_t exec;
   CK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int r = 0; r < 8; ++r) {
-    CK(cudaEventRecord(a, stream));
-    CK(cudaGraphLaunch(exec, stream));
-    CK(cudaEventRecord(b, stream));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const float best = BestReplayMs(exec, stream, 8, 3);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return best * 1000.f / kLaunchesPerGraph;
@@ -202,14 +189,6 @@ bool RunCublas(const Cublas& c, const cublasLtMatmulAlgo_t& algo, const Problem&
   const float alpha = 1.f, beta = 0.f;
   return cublasLtMatmul(c.handle, c.desc, &alpha, p.w, c.a, p.x, c.b, &beta, p.y, c.d, p.y, c.d, &algo, workspace,
                         kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
-}
-
-__global__ void FillKernel(__half* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = (uint32_t(i) ^ seed) * 2654435761u;
-    h ^= h >> 15;
-    p[i] = __float2half((float(h & 0xffff) / 65536.f - 0.5f) * 0.1f);
-  }
 }
 
 }  // namespace gemm_probe

@@ -1,8 +1,13 @@
-// The GPU probes' error check: a failed CUDA call prints where and why, and ends the probe.
+// What the GPU probes share: the error check (a failed CUDA call prints where and why, and ends the probe), operands
+// filled with small pseudo-random fp16 values, and a graph's replay time.
 #ifndef BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
 #define BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,5 +20,34 @@
       exit(1);                                                         \
     }                                                                  \
   } while (0)
+
+// p[i] in [-0.05, 0.05): a hash of i and the seed.
+__global__ void FillKernel(__half* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = (uint32_t(i) ^ seed) * 2654435761u;
+    h ^= h >> 15;
+    p[i] = __float2half((float(h & 0xffff) / 65536.f - 0.5f) * 0.1f);
+  }
+}
+
+// The fastest of `replays` replays of the graph after the first `warmup`, in milliseconds (events on the stream).
+inline float BestReplayMs(cudaGraphExec_t exec, cudaStream_t stream, int replays, int warmup) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int r = 0; r < replays; ++r) {
+    CK(cudaEventRecord(a, stream));
+    CK(cudaGraphLaunch(exec, stream));
+    CK(cudaEventRecord(b, stream));
+    CK(cudaEventSynchronize(b));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= warmup) best = std::min(best, ms);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return best;
+}
 
 #endif  // BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
