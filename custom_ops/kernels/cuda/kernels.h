@@ -10,6 +10,7 @@
 #ifndef BERTSERVE_KERNELS_CUDA_KERNELS_H_
 #define BERTSERVE_KERNELS_CUDA_KERNELS_H_
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -101,6 +102,17 @@ template <typename T>
 void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classifier_kernel,
                       const T* classifier_bias, int64_t batch, int64_t hidden, int64_t num_labels, float* scores,
                       cudaStream_t stream);
+
+// The pooler (tanh(first @ pooler_kernel + pooler_bias)) and LaunchRankerHead's head in one kernel, for one row
+// (PoolerHeadSupports: batch <= kPoolerHeadMaxBatch, hidden a multiple of 128 up to kPoolerHeadMaxHidden, one or
+// two labels); first [batch, hidden]. One cluster of 16 blocks, which the H100 and H200 run. At 4 and 8 rows it
+// was slower than the pooler GEMM and the head kernel (1.01-1.05x side by side), at 2 level (log, step 49).
+constexpr int64_t kPoolerHeadMaxBatch = 1;
+constexpr int64_t kPoolerHeadMaxHidden = 768;
+bool PoolerHeadSupports(int64_t batch, int64_t hidden, int64_t num_labels);
+void LaunchPoolerHead(const __half* first, const __half* pooler_kernel, const __half* pooler_bias,
+                      const __half* classifier_kernel, const __half* classifier_bias, int64_t batch, int64_t hidden,
+                      int64_t num_labels, float* scores, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace bertserve

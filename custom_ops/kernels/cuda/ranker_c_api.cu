@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -85,8 +86,9 @@ EmbeddingWeights<T> EmbeddingWeightsOf(const Ranker& r) {
 }
 
 // Workspace: packed hidden [N, H] | first tokens [B, H] | pooled [B, H] fp32 | encoder scratch. The pooler
-// writes fp32 so that the tanh and the classifier see it unrounded. With first_token_last_layer the encoder
-// writes the first tokens itself and hidden ends as its last layer's input.
+// writes fp32 so that the tanh and the classifier see it unrounded; an fp16 ranker at a few rows runs pooler and
+// head as one kernel (LaunchPoolerHead) instead. With first_token_last_layer the encoder writes the first tokens
+// itself and hidden ends as its last layer's input.
 template <typename T>
 void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
              const PackedBatch& batch, void* workspace, T* hidden_out, float* scores, void* stream) {
@@ -108,6 +110,13 @@ void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_i
              r.first_token_last_layer ? reinterpret_cast<T*>(first) : nullptr);
   if (!r.first_token_last_layer) {
     LaunchGatherFirstToken<D>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, first, AsStream(stream));
+  }
+  if constexpr (std::is_same_v<D, __half>) {
+    if (PoolerHeadSupports(batch.batch, h, r.num_labels)) {
+      LaunchPoolerHead(first, weight(kPoolerKernel), weight(kPoolerBias), weight(kClassifierKernel),
+                       weight(kClassifierBias), batch.batch, h, r.num_labels, scores, AsStream(stream));
+      return;
+    }
   }
   // The pooler GEMM reuses the encoder scratch's leading cuBLASLt workspace.
   Gemm<D, float>(r.gemm, first, weight(kPoolerKernel), nullptr, pooled, batch.batch, h, h, Epilogue::kNone,

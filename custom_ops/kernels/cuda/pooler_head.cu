@@ -1,0 +1,172 @@
+// The ranker's pooler and head in one kernel at batch 1 (LaunchPoolerHead in kernels.h). There the
+// pooler GEMM (cuBLASLt, a 768 x 768 weight matrix for one row) and the head after it were two dependent steps of
+// ~3-4 us each at the end of the forward, the GEMM outside the launch chain, its weights read from DRAM after the
+// last LayerNorm (log, step 49).
+//
+// One cluster of kClusterBlocks blocks: block r owns hidden / kClusterBlocks of the pooler's output columns, each
+// warp 8 of them (one 16-byte load of each weight row), its lanes splitting k. Before the chain's wait every lane
+// loads its weight rows into registers (they do not depend on the kernel before, so their DRAM reads overlap it);
+// after it, the block stages the rows' first tokens in shared memory, and per row each warp forms its 8 columns'
+// dot products, tanh and their share of the logits, the block sums its warps' shares and writes them into block
+// 0's shared memory, and after the cluster's barrier block 0 turns the sums into scores. No global scratch, no
+// atomics: the only round trips to memory after the wait are the first tokens' loads and the scores' stores.
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "custom_ops/kernels/cuda/common.cuh"
+#include "custom_ops/kernels/cuda/kernels.h"
+#include "custom_ops/kernels/cuda/step_trace.cuh"
+
+namespace bertserve {
+namespace cuda {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kClusterBlocks = 16;  // the largest cluster the H100/H200 run (a non-portable size)
+constexpr int kWarpColumns = 8;     // a warp's pooler outputs: 16 bytes of each weight row
+constexpr int kMaxWarps = static_cast<int>(kPoolerHeadMaxHidden) / kClusterBlocks / kWarpColumns;
+constexpr int kMaxRowsPerLane = static_cast<int>(kPoolerHeadMaxHidden) / 32;  // weight rows (k) a lane holds
+
+// acc[0..7] summed over the warp's lanes: lanes 4c .. 4c + 3 return column c's sum. Each round hands half of a
+// lane's columns to the lane `offset` away and adds the other half (9 shuffles, against 40 for 8 warp sums).
+__device__ __forceinline__ float WarpSumOfColumns(float (&acc)[kWarpColumns]) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int width = kWarpColumns / 2, offset = 16; width >= 1; width /= 2, offset /= 2) {
+    const bool upper = lane & offset;
+#pragma unroll
+    for (int i = 0; i < width; ++i) {
+      const float send = upper ? acc[i] : acc[i + width];
+      const float keep = upper ? acc[i + width] : acc[i];
+      acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+  }
+  float sum = acc[0] + __shfl_xor_sync(0xffffffffu, acc[0], 2);
+  return sum + __shfl_xor_sync(0xffffffffu, sum, 1);
+}
+
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    PoolerHeadKernel(const __half* __restrict__ first, const __half* __restrict__ pooler_kernel,
+                     const __half* __restrict__ pooler_bias, const __half* __restrict__ classifier_kernel,
+                     const __half* __restrict__ classifier_bias, int batch, int hidden, int num_labels,
+                     float* __restrict__ scores) {
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int column0 = (static_cast<int>(cluster.block_rank()) * warps + warp) * kWarpColumns;
+  // Before the wait: the warp's weight columns, rows k = lane + 32 i; and, in lanes 4c, column c's pooler bias and
+  // classifier weights.
+  uint4 w[kMaxRowsPerLane];
+#pragma unroll
+  for (int i = 0; i < kMaxRowsPerLane; ++i) {
+    const int k = lane + 32 * i;
+    w[i] = k < hidden ? *reinterpret_cast<const uint4*>(pooler_kernel + static_cast<int64_t>(k) * hidden + column0)
+                      : make_uint4(0, 0, 0, 0);
+  }
+  const int column = column0 + ((lane >> 2) & (kWarpColumns - 1));
+  const float bias = __half2float(pooler_bias[column]);
+  const float w0 = __half2float(classifier_kernel[column * num_labels]);
+  const float w1 = __half2float(classifier_kernel[column * num_labels + num_labels - 1]);
+  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceHead, batch, hidden);
+
+  // The rows' first tokens, staged once: every warp reads all of them.
+  __shared__ __align__(16) __half x[kPoolerHeadMaxBatch * kPoolerHeadMaxHidden];
+  const int chunks = batch * hidden / 8;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    reinterpret_cast<uint4*>(x)[c] = reinterpret_cast<const uint4*>(first)[c];
+  }
+  __syncthreads();
+
+  __shared__ float2 warp_logits[kMaxWarps];
+  __shared__ float2 block_logits[kClusterBlocks][kPoolerHeadMaxBatch];  // block 0's receive the cluster's
+  float2* block0_logits = cluster.map_shared_rank(&block_logits[0][0], 0);
+  for (int b = 0; b < batch; ++b) {
+    float acc[kWarpColumns] = {};
+#pragma unroll
+    for (int i = 0; i < kMaxRowsPerLane; ++i) {
+      const int k = lane + 32 * i;
+      const float xk = k < hidden ? __half2float(x[b * hidden + k]) : 0.f;
+      const auto* pairs = reinterpret_cast<const __half2*>(&w[i]);
+#pragma unroll
+      for (int j = 0; j < kWarpColumns / 2; ++j) {
+        const float2 wk = __half22float2(pairs[j]);
+        acc[2 * j] = fmaf(xk, wk.x, acc[2 * j]);
+        acc[2 * j + 1] = fmaf(xk, wk.y, acc[2 * j + 1]);
+      }
+    }
+    const float p = tanhf(WarpSumOfColumns(acc) + bias);
+    // The warp's 8 columns' shares of the logits, from lanes 0, 4, .., 28 (the others hold copies).
+    float logit0 = (lane & 3) == 0 ? p * w0 : 0.f, logit1 = (lane & 3) == 0 ? p * w1 : 0.f;
+#pragma unroll
+    for (int offset = 4; offset < 32; offset *= 2) {
+      logit0 += __shfl_xor_sync(0xffffffffu, logit0, offset);
+      logit1 += __shfl_xor_sync(0xffffffffu, logit1, offset);
+    }
+    if (lane == 0) warp_logits[warp] = make_float2(logit0, logit1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float2 sum = make_float2(0.f, 0.f);
+      for (int v = 0; v < warps; ++v) sum = make_float2(sum.x + warp_logits[v].x, sum.y + warp_logits[v].y);
+      block0_logits[cluster.block_rank() * kPoolerHeadMaxBatch + b] = sum;
+    }
+    __syncthreads();  // warp_logits is rewritten for the next row
+  }
+  cluster.sync();  // every block's sums are in block 0's shared memory
+  if (cluster.block_rank() != 0) return;
+  for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+    float logit0 = __half2float(classifier_bias[0]), logit1 = 0.f;
+    for (int r = 0; r < kClusterBlocks; ++r) {
+      logit0 += block_logits[r][b].x;
+      logit1 += block_logits[r][b].y;
+    }
+    // Two labels: softmax(l0, l1)[1] = sigmoid(l1 - l0).
+    const float z = num_labels == 2 ? logit1 + __half2float(classifier_bias[1]) - logit0 : logit0;
+    scores[b] = 1.f / (1.f + expf(-z));
+  }
+}
+
+}  // namespace
+
+bool PoolerHeadSupports(int64_t batch, int64_t hidden, int64_t num_labels) {
+  return batch >= 1 && batch <= kPoolerHeadMaxBatch && hidden % (kClusterBlocks * kWarpColumns) == 0 &&
+         hidden <= kPoolerHeadMaxHidden && (num_labels == 1 || num_labels == 2);
+}
+
+void LaunchPoolerHead(const __half* first, const __half* pooler_kernel, const __half* pooler_bias,
+                      const __half* classifier_kernel, const __half* classifier_bias, int64_t batch, int64_t hidden,
+                      int64_t num_labels, float* scores, cudaStream_t stream) {
+  if (!PoolerHeadSupports(batch, hidden, num_labels)) {
+    throw std::runtime_error("LaunchPoolerHead: batch " + std::to_string(batch) + ", hidden " +
+                             std::to_string(hidden) + ", " + std::to_string(num_labels) + " labels not supported");
+  }
+  static const bool sized = [] {
+    ThrowIfFailed(cudaFuncSetAttribute(PoolerHeadKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                  "PoolerHeadKernel cluster size");
+    return true;
+  }();
+  (void)sized;
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = kClusterBlocks;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kClusterBlocks);
+  config.blockDim = dim3(static_cast<unsigned>(hidden / kClusterBlocks / kWarpColumns * 32));
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 2;
+  ThrowIfFailed(cudaLaunchKernelEx(&config, PoolerHeadKernel, first, pooler_kernel, pooler_bias, classifier_kernel,
+                                   classifier_bias, static_cast<int>(batch), static_cast<int>(hidden),
+                                   static_cast<int>(num_labels), scores),
+                "PoolerHeadKernel");
+}
+
+}  // namespace cuda
+}  // namespace bertserve
