@@ -86,9 +86,9 @@ EmbeddingWeights<T> EmbeddingWeightsOf(const Ranker& r) {
 }
 
 // Workspace: packed hidden [N, H] | first tokens [B, H] | pooled [B, H] fp32 | encoder scratch. The pooler
-// writes fp32 so that the tanh and the classifier see it unrounded; an fp16 ranker at a few rows runs pooler and
-// head as one kernel (LaunchPoolerHead) instead. With first_token_last_layer the encoder writes the first tokens
-// itself and hidden ends as its last layer's input.
+// writes fp32 so that the tanh and the classifier see it unrounded; an fp16 ranker at batch 1 runs pooler and head
+// as one kernel (LaunchPoolerHead) instead. With first_token_last_layer the encoder writes the first tokens itself
+// and hidden ends as its last layer's input.
 template <typename T>
 void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
              const PackedBatch& batch, void* workspace, T* hidden_out, float* scores, void* stream) {
