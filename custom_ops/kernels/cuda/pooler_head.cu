@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/kernels.h"
@@ -56,6 +57,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
                      const __half* __restrict__ classifier_bias, int batch, int hidden, int num_labels,
                      float* __restrict__ scores) {
   const cg::cluster_group cluster = cg::this_cluster();
+  // Block 0's shared memory takes the other blocks' writes only once every block of the cluster has started: each
+  // arrives here and waits before its first write (the CUDA programming guide's condition for distributed shared
+  // memory), by then long past.
+  auto started = cluster.barrier_arrive();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int column0 = (static_cast<int>(cluster.block_rank()) * warps + warp) * kWarpColumns;
   // Before the wait: the warp's weight columns, rows k = lane + 32 i; and, in lanes 4c, column c's pooler bias and
@@ -84,6 +89,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   __shared__ float2 warp_logits[kMaxWarps];
   __shared__ float2 block_logits[kClusterBlocks][kPoolerHeadMaxBatch];  // block 0's receive the cluster's
   float2* block0_logits = cluster.map_shared_rank(&block_logits[0][0], 0);
+  cluster.barrier_wait(std::move(started));
   for (int b = 0; b < batch; ++b) {
     float acc[kWarpColumns] = {};
 #pragma unroll
