@@ -125,20 +125,37 @@ __device__ __forceinline__ void JoinLaunchChain() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// LaunchAfterPredecessor for a grid of clusters of cluster_blocks blocks along x (1: no cluster).
 template <typename... KernelArgs, typename... Args>
-void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+void LaunchClustersAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                                    unsigned cluster_blocks, size_t shared_bytes, cudaStream_t stream,
+                                    Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim = {cluster_blocks, 1, 1};
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.attrs = attributes;
+  config.numAttrs = cluster_blocks > 1 ? 2 : 1;
   ThrowIfFailed(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
+}
+
+template <typename... KernelArgs, typename... Args>
+void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                            size_t shared_bytes, cudaStream_t stream, Args&&... args) {
+  LaunchClustersAfterPredecessor(name, kernel, grid, block, 1, shared_bytes, stream, std::forward<Args>(args)...);
+}
+
+// A ranker's score from its classifier logits (biases included): sigmoid of the one logit, or with two labels the
+// softmax probability of label 1, softmax(l0, l1)[1] = sigmoid(l1 - l0).
+__device__ __forceinline__ float RankerScore(float logit0, float logit1, int num_labels) {
+  const float z = num_labels == 2 ? logit1 - logit0 : logit0;
+  return 1.f / (1.f + expf(-z));
 }
 
 // GELU in BERT's erf form, x * Phi(x), with Phi from Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7, below

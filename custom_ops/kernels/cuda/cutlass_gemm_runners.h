@@ -72,6 +72,9 @@ constexpr int kBasicSmallTile = 3;
 constexpr int64_t kSmallGemmMaxTokens = 256;
 inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
 
+// Whether the autotuners time `runner` for a shape of m rows (the rule above).
+inline bool TimedAt(const Runner& runner, int64_t m) { return m <= kSmallGemmMaxTokens || runner.timed_at_any_rows; }
+
 // Which small tile a shape nobody timed runs as: the narrow one as a non-persistent kernel up to
 // kNarrowTileMaxTokens rows, where the autotuner chose it for nearly every GEMM of the chit-chat ranker (1, 8 and
 // 32 rows, five processes; log, step 44; the ping-pong narrow tile before it, step 33), the ping-pong 64x64x64

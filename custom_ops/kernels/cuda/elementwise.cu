@@ -424,14 +424,12 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.x == 0) {
     logit0 = ToFloat(classifier_bias[0]);
-    logit1 = 0.f;
+    logit1 = ToFloat(classifier_bias[num_labels - 1]);
     for (int w = 0; w < kWarpsPerBlock; ++w) {
       logit0 += partial[0][w];
       logit1 += partial[1][w];
     }
-    // Two labels: softmax(l0, l1)[1] = sigmoid(l1 - l0).
-    const float z = num_labels == 2 ? logit1 + ToFloat(classifier_bias[1]) - logit0 : logit0;
-    scores[b] = 1.f / (1.f + expf(-z));
+    scores[b] = RankerScore(logit0, logit1, num_labels);
   }
 }
 

@@ -173,8 +173,8 @@ const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
   return cutlass_gemm::Runners(epilogue == Epilogue::kBias ? cutlass_gemm::Fused::kBias : cutlass_gemm::Fused::kNone);
 }
 
-// The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1: any runner up to kSmallGemmMaxTokens rows,
-// above only those timed_at_any_rows (see there). Timed (cublas_ms >= 0, cuBLASLt's best time): the
+// The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1: among the runners cutlass_gemm::TimedAt
+// the shape's rows. Timed (cublas_ms >= 0, cuBLASLt's best time): the
 // fastest runner that beats it. Untimed: the small tiles where cutlass_gemm::SmallTileByDefault.
 int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue epilogue,
                         const Operands& o, float cublas_ms) {
@@ -182,12 +182,10 @@ int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_
   if (!context->options.custom_gemms || !cutlass_gemm::Supports(p)) return -1;
   if (cublas_ms < 0) return cutlass_gemm::SmallTileByDefault(p) ? cutlass_gemm::DefaultSmallTile(p) : -1;
   const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
-  const bool few_rows = m <= cutlass_gemm::kSmallGemmMaxTokens;
   return GpuTimer(o.stream).Fastest(
       static_cast<int>(runners.size()),
       [&](int i) {
-        if (!few_rows && !runners[i].timed_at_any_rows) return false;
-        return runners[i].run(p, o.stream) == cutlass::Status::kSuccess;
+        return cutlass_gemm::TimedAt(runners[i], m) && runners[i].run(p, o.stream) == cutlass::Status::kSuccess;
       },
       ConsumerOf(o), &cublas_ms);
 }

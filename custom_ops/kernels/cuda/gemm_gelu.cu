@@ -55,17 +55,15 @@ bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, c
 }
 
 // The fastest candidate on these operands (queued on the caller's stream; waits for the device).
-// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan. Above
-// kSmallGemmMaxTokens rows only the configurations timed_at_any_rows are candidates (all but the small tiles).
+// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan. The CUTLASS
+// configurations are candidates where cutlass_gemm::TimedAt the shape's rows (above 256 all but the small tiles).
 int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
   float best_ms = 1e30f;
   const int best = GpuTimer(stream).Fastest(
       static_cast<int>(AllRunners().size()) + 1,
       [&](int i) {
         const int plan = i - 1;
-        const bool untimed_here = plan != kGemmPlusPass && p.m > cutlass_gemm::kSmallGemmMaxTokens &&
-                                  !AllRunners()[plan].timed_at_any_rows;
-        if (untimed_here) return false;
+        if (plan != kGemmPlusPass && !cutlass_gemm::TimedAt(AllRunners()[plan], p.m)) return false;
         return Launch(context, plan, p, workspace, stream);
       },
       &best_ms);

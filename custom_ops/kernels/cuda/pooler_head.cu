@@ -124,14 +124,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   cluster.sync();  // every block's sums are in block 0's shared memory
   if (cluster.block_rank() != 0) return;
   for (int b = threadIdx.x; b < batch; b += blockDim.x) {
-    float logit0 = __half2float(classifier_bias[0]), logit1 = 0.f;
+    float logit0 = __half2float(classifier_bias[0]), logit1 = __half2float(classifier_bias[num_labels - 1]);
     for (int r = 0; r < kClusterBlocks; ++r) {
       logit0 += block_logits[r][b].x;
       logit1 += block_logits[r][b].y;
     }
-    // Two labels: softmax(l0, l1)[1] = sigmoid(l1 - l0).
-    const float z = num_labels == 2 ? logit1 + __half2float(classifier_bias[1]) - logit0 : logit0;
-    scores[b] = 1.f / (1.f + expf(-z));
+    scores[b] = RankerScore(logit0, logit1, num_labels);
   }
 }
 
@@ -155,23 +153,11 @@ void LaunchPoolerHead(const __half* first, const __half* pooler_kernel, const __
     return true;
   }();
   (void)sized;
-  cudaLaunchAttribute attributes[2] = {};
-  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[0].val.programmaticStreamSerializationAllowed = 1;
-  attributes[1].id = cudaLaunchAttributeClusterDimension;
-  attributes[1].val.clusterDim.x = kClusterBlocks;
-  attributes[1].val.clusterDim.y = 1;
-  attributes[1].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(kClusterBlocks);
-  config.blockDim = dim3(static_cast<unsigned>(hidden / kClusterBlocks / kWarpColumns * 32));
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = 2;
-  ThrowIfFailed(cudaLaunchKernelEx(&config, PoolerHeadKernel, first, pooler_kernel, pooler_bias, classifier_kernel,
-                                   classifier_bias, static_cast<int>(batch), static_cast<int>(hidden),
-                                   static_cast<int>(num_labels), scores),
-                "PoolerHeadKernel");
+  LaunchClustersAfterPredecessor("PoolerHeadKernel", PoolerHeadKernel, dim3(kClusterBlocks),
+                                 dim3(static_cast<unsigned>(hidden / kClusterBlocks / kWarpColumns * 32)),
+                                 kClusterBlocks, 0, stream, first, pooler_kernel, pooler_bias, classifier_kernel,
+                                 classifier_bias, static_cast<int>(batch), static_cast<int>(hidden),
+                                 static_cast<int>(num_labels), scores);
 }
 
 }  // namespace cuda
