@@ -275,6 +275,11 @@ def stage_check(res: Results, lib) -> None:
         n = int(lengths_s.sum())
         checks[f"chitchat_random_{n}_tokens"] = check_model(lib, cfg, w32, ids[: len(lengths_s)],
                                                             seg[: len(lengths_s)], lengths_s)
+    # Batches of 1, 2, 5 and 8 rows (random lengths 1..32): the few-row paths of the first-token layer.
+    first = SEQ + 1  # past mixed_inputs' rows of every length 0..32
+    for rows in (1, 2, 5, 8):
+        pick = slice(first, first + rows)
+        checks[f"chitchat_random_{rows}_rows"] = check_model(lib, cfg, w32, ids[pick], seg[pick], lengths[pick])
     # The real MiniLM-L6-H384 (head size 32), carried as fp16, against the project's float64 reference.
     from safetensors.torch import load_file
     with open(os.path.join(CARRY, "minilm_l6_config.json")) as f:
@@ -282,6 +287,9 @@ def stage_check(res: Results, lib) -> None:
     mcfg = {k: mcfg[k] for k in cfg}
     mw = {k: v.float().cuda() for k, v in load_file(os.path.join(CARRY, "minilm_l6_fp16.safetensors")).items()}
     ref = np.load(os.path.join(CARRY, "minilm_l6_reference.npz"))
+    longest = slice(int(np.argmax(ref["lengths"])), int(np.argmax(ref["lengths"])) + 1)
+    checks["minilm_real_1_row"] = check_model(lib, mcfg, mw, ref["input_ids"][longest], ref["segment_ids"][longest],
+                                              ref["lengths"][longest])
     checks["minilm_real_32_tokens"] = check_model(lib, mcfg, mw, ref["input_ids"][:3], ref["segment_ids"][:3],
                                                   np.array([3, 17, 12], np.int32))
     checks["minilm_real_mixed"] = check_model(lib, mcfg, mw, ref["input_ids"], ref["segment_ids"],

@@ -1,8 +1,8 @@
 """Small forwards of every kernel variant, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
 fp16 (with the CUTLASS GEMMs of the launch chain, untuned and, once per head size, autotuned: every candidate
 launched with the kernel that reads its output, on scratch; cuBLASLt only) and fp32, rows of length 0..seq, seq
-32 / 64 / 128 (the fused attention's three sizes) and 200 (the streaming attention), a batch of 27 tokens (small-m
-GEMMs), a graph bucket with scratch rows, the encoder as the TF kernel runs it (eager, and captured then replayed
+32 / 64 / 128 (the fused attention's three sizes) and 200 (the streaming attention), batches of 1, 2 and 8 rows
+(the first-token tail's kernels; 27 tokens at 2 rows: small-m GEMMs), a graph bucket with scratch rows, the encoder as the TF kernel runs it (eager, and captured then replayed
 from the core's graph cache), and the padding ops.
 
 Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
@@ -27,7 +27,9 @@ def main(argv: list[str]) -> int:
         cfg = config_dict(config) | {"num_attention_heads": heads}
         w = {k: torch.as_tensor(v).cuda() for k, v in weights_mod.BertWeights.random(config, seed=heads).items()}
         rng = np.random.default_rng(heads)
-        for seq, lengths in ((32, np.array([7, 20], np.int32)), (32, None), (64, None), (128, None), (200, None)):
+        # One row and two rows: the first-token tail's smallest kernels (8 rows come with the mixed batches).
+        for seq, lengths in ((32, np.array([13], np.int32)), (32, np.array([7, 20], np.int32)), (32, None), (64, None),
+                             (128, None), (200, None)):
             if lengths is None:
                 lengths = np.concatenate([[0, 1, seq], rng.integers(0, seq + 1, 5)]).astype(np.int32)
             ids = torch.as_tensor(rng.integers(0, 1000, (len(lengths), seq)), dtype=torch.int32, device="cuda")
