@@ -2,8 +2,9 @@
 fp16 (with the CUTLASS GEMMs of the launch chain, untuned and, once per head size, autotuned: every candidate
 launched with the kernel that reads its output, on scratch; cuBLASLt only) and fp32, rows of length 0..seq, seq
 32 / 64 / 128 (the fused attention's three sizes) and 200 (the streaming attention), batches of 1, 2 and 8 rows
-(the first-token tail's kernels; 27 tokens at 2 rows: small-m GEMMs), a graph bucket with scratch rows, the encoder as the TF kernel runs it (eager, and captured then replayed
-from the core's graph cache), and the padding ops.
+(the first-token layer's few-row GEMMs; 27 tokens at 2 rows: small-m GEMMs), a graph bucket with scratch rows, the
+encoder as the TF kernel runs it (eager, and captured then replayed from the core's graph cache), and the padding
+ops.
 
 Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
 """
@@ -27,7 +28,7 @@ def main(argv: list[str]) -> int:
         cfg = config_dict(config) | {"num_attention_heads": heads}
         w = {k: torch.as_tensor(v).cuda() for k, v in weights_mod.BertWeights.random(config, seed=heads).items()}
         rng = np.random.default_rng(heads)
-        # One row and two rows: the first-token tail's smallest kernels (8 rows come with the mixed batches).
+        # One row and two rows (8 rows come with the mixed batches): the first-token layer's fewest rows.
         for seq, lengths in ((32, np.array([13], np.int32)), (32, np.array([7, 20], np.int32)), (32, None), (64, None),
                              (128, None), (200, None)):
             if lengths is None:

@@ -26,7 +26,7 @@ import core
 
 WORDS, RECORDS = 8, 8192  # step_trace.cuh: kStepTraceWords, kStepTraceRecords
 KINDS = {1: "embedding", 2: "layernorm", 3: "attention", 4: "first-token attention", 5: "bias+gelu", 6: "row copy",
-         7: "head", 8: "first-token tail", 10: "gemm loader", 11: "gemm math"}
+         7: "head", 10: "gemm loader", 11: "gemm math"}
 
 
 def trace(ranker: core.CudaRanker, vocab_size: int, batch: int, replays: int, rng: np.random.Generator) -> dict:

@@ -36,7 +36,7 @@ mkdir -p "$out"
 pids=()
 core_objs=()
 for src in cutlass_gemm_gelu cutlass_gemm_plain cutlass_gemm_partials gemm_gelu gemm_ksplit gemm elementwise attention encoder \
-    encoder_bucketed graph_cache pooler_head first_token_tail ../validation.cc ranker_c_api; do
+    encoder_bucketed graph_cache pooler_head ../validation.cc ranker_c_api; do
   [[ $src == *.cc ]] || src=$src.cu
   obj="$out/$(basename "${src%.*}").o"
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC,-fvisibility=hidden -Xptxas -warn-spills \

@@ -90,26 +90,6 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// Eight columns' partial sums acc[0..7] summed over the warp's lanes: lanes 4c .. 4c + 3 return column c's sum. Each
-// round hands half of a lane's columns to the lane `offset` away and adds the other half (9 shuffles, against 40 for
-// 8 warp sums). What the few-row dot products (pooler_head.cu, first_token_tail.cu) reduce with.
-constexpr int kWarpColumns = 8;  // one 16-byte load of a fp16 weight row
-__device__ __forceinline__ float WarpSumOfColumns(float (&acc)[kWarpColumns]) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int width = kWarpColumns / 2, offset = 16; width >= 1; width /= 2, offset /= 2) {
-    const bool upper = lane & offset;
-#pragma unroll
-    for (int i = 0; i < width; ++i) {
-      const float send = upper ? acc[i] : acc[i + width];
-      const float keep = upper ? acc[i + width] : acc[i];
-      acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-    }
-  }
-  float sum = acc[0] + __shfl_xor_sync(0xffffffffu, acc[0], 2);
-  return sum + __shfl_xor_sync(0xffffffffu, sum, 1);
-}
-
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // The packed row of position p of padded sequence b (whose rows are cu_seqlens[b] .. cu_seqlens[b + 1] - 1), or -1
@@ -145,44 +125,30 @@ __device__ __forceinline__ void JoinLaunchChain() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
-// How a chained kernel's blocks are grouped: in clusters of cluster_blocks along x (1: none), and, cooperative,
-// all resident at once (the launch fails where the grid cannot be), as grid-wide barriers need.
-struct BlockGrouping {
-  unsigned cluster_blocks = 1;
-  bool cooperative = false;
-};
-
-// LaunchAfterPredecessor for a grid of grouped blocks.
+// LaunchAfterPredecessor for a grid of clusters of cluster_blocks blocks along x (1: no cluster).
 template <typename... KernelArgs, typename... Args>
-void LaunchGroupedAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                                   BlockGrouping grouping, size_t shared_bytes, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attributes[3] = {};
-  unsigned count = 0;
-  attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[count++].val.programmaticStreamSerializationAllowed = 1;
-  if (grouping.cluster_blocks > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count++].val.clusterDim = {grouping.cluster_blocks, 1, 1};
-  }
-  if (grouping.cooperative) {
-    attributes[count].id = cudaLaunchAttributeCooperative;
-    attributes[count++].val.cooperative = 1;
-  }
+void LaunchClustersAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                                    unsigned cluster_blocks, size_t shared_bytes, cudaStream_t stream,
+                                    Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim = {cluster_blocks, 1, 1};
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   config.attrs = attributes;
-  config.numAttrs = count;
+  config.numAttrs = cluster_blocks > 1 ? 2 : 1;
   ThrowIfFailed(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), name);
 }
 
 template <typename... KernelArgs, typename... Args>
 void LaunchAfterPredecessor(const char* name, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
                             size_t shared_bytes, cudaStream_t stream, Args&&... args) {
-  LaunchGroupedAfterPredecessor(name, kernel, grid, block, BlockGrouping{}, shared_bytes, stream,
-                                std::forward<Args>(args)...);
+  LaunchClustersAfterPredecessor(name, kernel, grid, block, 1, shared_bytes, stream, std::forward<Args>(args)...);
 }
 
 // A ranker's score from its classifier logits (biases included): sigmoid of the one logit, or with two labels the

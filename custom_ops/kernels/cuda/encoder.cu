@@ -218,8 +218,7 @@ void Layer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch&
 }
 
 // A layer for each row's first token only: the QKV GEMM still runs on every token (all are keys and values), the
-// rest on [batch, H] rows, the output going to `first` (the attention kernel copies the residual rows there); with
-// custom GEMMs in fp16, for a few rows, as one kernel (LaunchFirstTokenTail).
+// rest on [batch, H] rows, the output going to `first` (the attention kernel copies the residual rows there).
 template <typename D>
 void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatch& batch,
                      const EncoderBuffers<D>& buf, bool custom_gemms, const D* x, D* first, GemmContext* gemm,
@@ -227,17 +226,6 @@ void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const Pa
   QkvGemm<D>(dims, w, batch, buf, x, gemm, stream);
   LaunchFirstTokenAttention<D>(buf.qkv, x, batch.cu_seqlens_device, batch.batch, batch.max_seqlen, dims.num_heads,
                                dims.head_size(), buf.context, first, AsStream(stream));
-  if constexpr (std::is_same_v<D, __half>) {
-    if (custom_gemms && FirstTokenTailSupports(batch.batch, dims.hidden, dims.intermediate)) {
-      const AfterAttentionWeights tail{w.attention_output_kernel, w.attention_output_bias, w.attention_ln_gamma,
-                                       w.attention_ln_beta,       w.intermediate_kernel,   w.intermediate_bias,
-                                       w.output_kernel,           w.output_bias,           w.output_ln_gamma,
-                                       w.output_ln_beta};
-      LaunchFirstTokenTail(tail, buf.context, batch.batch, dims.hidden, dims.intermediate, dims.layer_norm_epsilon,
-                           batch.cu_seqlens_device, buf.partials, buf.ffn, first, AsStream(stream));
-      return;
-    }
-  }
   AfterAttention<D>(dims, w, batch.batch, buf, custom_gemms, first, gemm, stream, L2Prefetch{},
                     batch.cu_seqlens_device);
 }

@@ -114,25 +114,6 @@ void LaunchPoolerHead(const __half* first, const __half* pooler_kernel, const __
                       const __half* classifier_kernel, const __half* classifier_bias, int64_t batch, int64_t hidden,
                       int64_t num_labels, float* scores, cudaStream_t stream);
 
-// A layer's weights past its attention (fp16), as the first-token tail reads them: W [in, out] row-major.
-struct AfterAttentionWeights {
-  const __half *attention_output_kernel, *attention_output_bias, *attention_ln_gamma, *attention_ln_beta,
-      *intermediate_kernel, *intermediate_bias, *output_kernel, *output_bias, *output_ln_gamma, *output_ln_beta;
-};
-
-// The first-token layer past its attention for up to kFirstTokenTailMaxRows rows in one cooperative launch of 128
-// blocks (first_token_tail.cu): x = LayerNorm(FFN(h) + h), h = LayerNorm(context @ W_o + b_o + x), with
-// FFN(h) = GELU(h @ W_i + b_i) @ W_f + b_f, what the attention-output GEMM, two LayerNorms and two FFN GEMMs compute
-// over [rows, hidden] (rows without tokens, by cu_seqlens [rows + 1], written as zeros). sums [rows, hidden] and
-// ffn [rows, intermediate] are scratch. FirstTokenTailSupports: hidden and intermediate multiples of 8, the layer's
-// weight slices within one block's shared memory, and all 128 blocks resident on this GPU at once.
-constexpr int64_t kFirstTokenTailMaxRows = 8;
-constexpr int64_t kFirstTokenTailMaxHidden = 1024;
-bool FirstTokenTailSupports(int64_t rows, int64_t hidden, int64_t intermediate);
-void LaunchFirstTokenTail(const AfterAttentionWeights& w, const __half* context, int64_t rows, int64_t hidden,
-                          int64_t intermediate, float epsilon, const int32_t* cu_seqlens, float* sums, __half* ffn,
-                          __half* x, cudaStream_t stream);
-
 }  // namespace cuda
 }  // namespace bertserve
 

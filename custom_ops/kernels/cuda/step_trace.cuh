@@ -23,7 +23,6 @@ enum StepTraceKind : uint64_t {
   kTraceBiasGelu = 5,
   kTraceRowCopy = 6,
   kTraceHead = 7,
-  kTraceFirstTokenTail = 8,
   kTraceGemmProducer = 10,  // the loader warp: its wait, then its exit once the main loop has consumed every stage
   kTraceGemmConsumer = 11,  // the math warp group: "waited" = main loop done, exit = epilogue done
 };
