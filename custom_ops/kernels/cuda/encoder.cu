@@ -146,8 +146,40 @@ void QkvGemm(const EncoderDims& dims, const LayerWeights<D>& w, const PackedBatc
              Epilogue::kBias, buf.gemm_workspace, stream, [&] { Attention<D>(dims, batch, buf, stream); });
 }
 
-// x = LayerNorm(in @ weight + bias + x) over `rows` rows: in fp16 with custom GEMMs as k-split partial products
-// that the LayerNorm sums where GemmKSplit plans them, else the GEMM into buf.dense, then the LayerNorm.
+// The GEMM before a residual LayerNorm, in @ weight over `rows` rows, into scratch: in fp16 with custom GEMMs as
+// k-split partial products in buf.partials where GemmKSplit plans them (returns their count), else into buf.dense
+// (returns 0). Planned (when autotuned) with the LayerNorm that reads it, on buf.dense.
+template <typename D>
+int GemmBeforeLayerNorm(const EncoderDims& dims, const D* in, const D* weight, int64_t k_in, const D* bias,
+                        const D* gamma, const D* beta, int64_t rows, const EncoderBuffers<D>& buf, bool custom_gemms,
+                        GemmContext* context, void* stream) {
+  const int64_t h = dims.hidden;
+  if constexpr (std::is_same_v<D, __half>) {
+    if (custom_gemms) {
+      // What the autotuner times each k split with: its LayerNorm, reading the partials (or Gemm's fp16 output
+      // there) and writing buf.dense, which a k split leaves unused.
+      const auto layer_norm_on_scratch = [&](int parts) {
+        const cudaStream_t s = AsStream(stream);
+        if (parts == 0) {
+          LaunchResidualLayerNorm<D>(reinterpret_cast<const D*>(buf.partials), bias, gamma, beta, rows, h,
+                                     dims.layer_norm_epsilon, buf.dense, s, nullptr);
+        } else {
+          LaunchPartialsResidualLayerNorm<D>(buf.partials, parts, bias, gamma, beta, rows, h,
+                                             dims.layer_norm_epsilon, buf.dense, s, nullptr);
+        }
+      };
+      const int parts = GemmKSplit(context, in, weight, buf.partials, rows, h, k_in, buf.gemm_workspace, stream,
+                                   layer_norm_on_scratch);
+      if (parts > 0) return parts;
+    }
+  }
+  // The bias is left to the LayerNorm, which adds it in fp32.
+  Gemm<D, D>(context, in, weight, nullptr, buf.dense, rows, h, k_in, Epilogue::kNone, buf.gemm_workspace, stream);
+  return 0;
+}
+
+// x = LayerNorm(in @ weight + bias + x) over `rows` rows: GemmBeforeLayerNorm, then the LayerNorm summing its k-split
+// partial products or reading buf.dense.
 template <typename D>
 void GemmResidualLayerNorm(const EncoderDims& dims, const D* in, const D* weight, int64_t k_in, const D* bias,
                            const D* gamma, const D* beta, int64_t rows, const EncoderBuffers<D>& buf,
@@ -155,29 +187,15 @@ void GemmResidualLayerNorm(const EncoderDims& dims, const D* in, const D* weight
                            const int32_t* zero_rows_without_tokens, const L2Prefetch& next) {
   const int64_t h = dims.hidden;
   const cudaStream_t s = AsStream(stream);
+  const int parts = GemmBeforeLayerNorm<D>(dims, in, weight, k_in, bias, gamma, beta, rows, buf, custom_gemms,
+                                           context, stream);
   if constexpr (std::is_same_v<D, __half>) {
-    // What the autotuner times each k split with: its LayerNorm, reading the partials (or Gemm's fp16 output there)
-    // and writing buf.dense, which a k split leaves unused.
-    const auto layer_norm_on_scratch = [&](int parts) {
-      if (parts == 0) {
-        LaunchResidualLayerNorm<D>(reinterpret_cast<const D*>(buf.partials), bias, gamma, beta, rows, h,
-                                   dims.layer_norm_epsilon, buf.dense, s, nullptr);
-      } else {
-        LaunchPartialsResidualLayerNorm<D>(buf.partials, parts, bias, gamma, beta, rows, h, dims.layer_norm_epsilon,
-                                           buf.dense, s, nullptr);
-      }
-    };
-    const int parts = custom_gemms ? GemmKSplit(context, in, weight, buf.partials, rows, h, k_in, buf.gemm_workspace,
-                                                stream, layer_norm_on_scratch)
-                                   : 0;
     if (parts > 0) {
       LaunchPartialsResidualLayerNorm<D>(buf.partials, parts, bias, gamma, beta, rows, h, dims.layer_norm_epsilon, x,
                                          s, zero_rows_without_tokens, next);
       return;
     }
   }
-  // The bias is left to the LayerNorm, which adds it in fp32.
-  Gemm<D, D>(context, in, weight, nullptr, buf.dense, rows, h, k_in, Epilogue::kNone, buf.gemm_workspace, stream);
   LaunchResidualLayerNorm<D>(buf.dense, bias, gamma, beta, rows, h, dims.layer_norm_epsilon, x, s,
                              zero_rows_without_tokens, next);
 }
@@ -196,8 +214,12 @@ void AfterAttention(const EncoderDims& dims, const LayerWeights<D>& w, int64_t r
                            nullptr, VectorsAfterFirstLayerNorm<D>(dims, w));
   if (custom_gemms) {  // fp16 only (UsesCustomGemms)
     if constexpr (std::is_same_v<D, __half>) {
+      // Planned (when autotuned) with the FFN-output GEMM after it, on scratch.
       GemmBiasGelu(context, x, w.intermediate_kernel, w.intermediate_bias, buf.ffn, rows, inter, h,
-                   buf.gemm_workspace, stream);
+                   buf.gemm_workspace, stream, [&] {
+                     GemmBeforeLayerNorm<D>(dims, buf.ffn, w.output_kernel, inter, w.output_bias, w.output_ln_gamma,
+                                            w.output_ln_beta, rows, buf, custom_gemms, context, stream);
+                   });
     }
   } else {
     Gemm<D, D>(context, x, w.intermediate_kernel, nullptr, buf.ffn, rows, inter, h, Epilogue::kNone,

@@ -3,6 +3,7 @@
 // operands once.
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -54,10 +55,12 @@ bool Launch(GemmContext* context, int plan, const Problem& p, void* workspace, c
   return AllRunners()[plan].run(p, stream) == cutlass::Status::kSuccess;
 }
 
-// The fastest candidate on these operands (queued on the caller's stream; waits for the device).
-// Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own plan. The CUTLASS
-// configurations are candidates where cutlass_gemm::TimedAt the shape's rows (above 256 all but the small tiles).
-int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream) {
+// The fastest candidate on these operands, each followed by `consumer` when given (queued on the caller's stream;
+// waits for the device). Candidate i is plan i - 1 (kGemmPlusPass first); its warm-up also makes the plain GEMM's own
+// plan. The CUTLASS configurations are candidates where cutlass_gemm::TimedAt the shape's rows (above 256 all but
+// the small tiles).
+int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStream_t stream,
+                const std::function<void()>& consumer) {
   float best_ms = 1e30f;
   const int best = GpuTimer(stream).Fastest(
       static_cast<int>(AllRunners().size()) + 1,
@@ -66,6 +69,9 @@ int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStr
         if (plan != kGemmPlusPass && !cutlass_gemm::TimedAt(AllRunners()[plan], p.m)) return false;
         return Launch(context, plan, p, workspace, stream);
       },
+      [&](int) {
+        if (consumer) consumer();
+      },
       &best_ms);
   return best < 0 ? kGemmPlusPass : best - 1;
 }
@@ -73,7 +79,7 @@ int FastestPlan(GemmContext* context, const Problem& p, void* workspace, cudaStr
 }  // namespace
 
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
-                  int64_t n, int64_t k, void* gemm_workspace, void* stream) {
+                  int64_t n, int64_t k, void* gemm_workspace, void* stream, const std::function<void()>& consumer) {
   if (m == 0) return;
   const Problem p{x, w, bias, y, m, n, k, SmCountOf(context)};
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -84,7 +90,7 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
   const ShapeKey key{m, n, k};
   const int plan = PlanFor(
       context, GeluPlansOf(context), key, s, [&] { return DefaultPlan(p); },
-      [&] { return FastestPlan(context, p, gemm_workspace, s); });
+      [&] { return FastestPlan(context, p, gemm_workspace, s, consumer); });
   if (!Launch(context, plan, p, gemm_workspace, s)) {
     // A configuration CUTLASS declines for this shape (nothing was launched): GEMM + the pass, from now on.
     ReplaceRefusedPlan(context, GeluPlansOf(context), key, kGemmPlusPass);
