@@ -43,16 +43,7 @@ __global__ void WriterKernel(const __half* base, __half* x, size_t count, const 
 __global__ void AdvancePhaseKernel(int* phase) { ++*phase; }
 
 void LaunchWriter(const __half* base, __half* x, size_t count, const int* phase, long long spin, cudaStream_t s) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(132);
-  config.blockDim = dim3(256);
-  config.stream = s;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  CK(cudaLaunchKernelEx(&config, WriterKernel, base, x, count, phase, spin));
+  LaunchWith({ProgrammaticLaunch()}, WriterKernel, dim3(132), dim3(256), 0, s, base, x, count, phase, spin);
 }
 
 struct Matmul {

@@ -1,5 +1,5 @@
 // What the GPU probes share: the error check (a failed CUDA call prints where and why, and ends the probe), operands
-// filled with small pseudo-random fp16 values, and a graph's replay time.
+// filled with small pseudo-random fp16 values, a graph's replay time, and launches with attributes.
 #ifndef BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
 #define BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
 
@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <vector>
 
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +50,36 @@ inline float BestReplayMs(cudaGraphExec_t exec, cudaStream_t stream, int replays
   CK(cudaEventDestroy(a));
   CK(cudaEventDestroy(b));
   return best;
+}
+
+// Launch attributes the probes combine: programmatic dependent launch (the core's launch chain) and cooperative
+// launch (every block resident at once).
+inline cudaLaunchAttribute ProgrammaticLaunch() {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  return attribute;
+}
+inline cudaLaunchAttribute CooperativeLaunch() {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  return attribute;
+}
+
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) with `attributes`.
+template <typename... KernelArgs, typename... Args>
+void LaunchWith(std::initializer_list<cudaLaunchAttribute> attributes, void (*kernel)(KernelArgs...), dim3 grid,
+                dim3 block, size_t shared_bytes, cudaStream_t stream, Args... args) {
+  std::vector<cudaLaunchAttribute> list(attributes);
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = list.data();
+  config.numAttrs = static_cast<unsigned>(list.size());
+  CK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
 #endif  // BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
