@@ -52,9 +52,8 @@ void LaunchProducer(cudaStream_t stream, float* x, int spin) {
 
 void LaunchConsumer(cudaStream_t stream, bool programmatic, int barriers, const float* x, float* out,
                     const uint4* staged) {
-  const auto attributes = programmatic ? std::initializer_list<cudaLaunchAttribute>{CooperativeLaunch(),
-                                                                                       ProgrammaticLaunch()}
-                                       : std::initializer_list<cudaLaunchAttribute>{CooperativeLaunch()};
+  std::vector<cudaLaunchAttribute> attributes = {CooperativeLaunch()};
+  if (programmatic) attributes.push_back(ProgrammaticLaunch());
   const size_t bytes = kStaged * sizeof(uint4);
   if (barriers == 0) {
     LaunchWith(attributes, Consumer<0>, dim3(kBlocks), dim3(kThreads), bytes, stream, x, kValues, out, staged);

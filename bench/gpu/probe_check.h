@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include <cstdio>
@@ -69,9 +68,8 @@ inline cudaLaunchAttribute CooperativeLaunch() {
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...) with `attributes`.
 template <typename... KernelArgs, typename... Args>
-void LaunchWith(std::initializer_list<cudaLaunchAttribute> attributes, void (*kernel)(KernelArgs...), dim3 grid,
-                dim3 block, size_t shared_bytes, cudaStream_t stream, Args... args) {
-  std::vector<cudaLaunchAttribute> list(attributes);
+void LaunchWith(std::vector<cudaLaunchAttribute> list, void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                size_t shared_bytes, cudaStream_t stream, Args... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
