@@ -35,10 +35,13 @@ int RunnerNamed(const char* name) {
 
 // Without timing (the TF op, which sees a new token count per batch): what autotuning chose on the H200 for the
 // chit-chat FFN (bench/results/gpu_h200_bench.json, timing.gemm_plans): a small tile for a few hundred tokens
-// (cutlass_gemm::SmallTileByDefault), GEMM + pass below kFusedGeluMinTokens, the wide cooperative tile from there,
-// ping-pong 64x256 from 8,192.
+// (cutlass_gemm::SmallTileByDefault; up to kNarrowTileMaxTokens the narrow ping-pong tile, chosen at 1, 8 and 32 rows
+// once timed with the FFN-output GEMM after it, gpu_h200_bench_step50.json), GEMM + pass below kFusedGeluMinTokens,
+// the wide cooperative tile from there, ping-pong 64x256 from 8,192.
 int DefaultPlan(const Problem& p) {
-  if (cutlass_gemm::SmallTileByDefault(p)) return cutlass_gemm::DefaultSmallTile(p);
+  if (cutlass_gemm::SmallTileByDefault(p)) {
+    return p.m <= cutlass_gemm::kNarrowTileMaxTokens ? cutlass_gemm::kNarrowTile : cutlass_gemm::DefaultSmallTile(p);
+  }
   if (p.m < kFusedGeluMinTokens) return kGemmPlusPass;
   return RunnerNamed(p.m < 2 * kFusedGeluMinTokens ? "cooperative 128x256x64 cluster 2x1"
                                                    : "ping-pong 64x256x64 cluster 2x1");

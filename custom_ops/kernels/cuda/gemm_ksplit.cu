@@ -29,10 +29,14 @@ Problem WithSplits(Problem p, int splits) {
 }
 
 // Without timing (the TF op, which sees a new token count per batch): a small tile with k / n slices where
-// k > n, i.e. the FFN output (k = 4n), whose output tiles alone occupy n / 64 blocks.
+// k > n, i.e. the FFN output (k = 4n), whose output tiles alone occupy n / 64 blocks; and where k = n (the attention
+// output) up to kNarrowTileMaxTokens rows, 3 slices, as autotuning chose at 1, 8 and 32 rows
+// (gpu_h200_bench_step50.json).
 KSplitPlan DefaultPlan(const Problem& p) {
-  if (p.k <= p.n || p.k % p.n != 0 || p.k / p.n > kMaxKSplits) return {};
-  const KSplitPlan plan{cutlass_gemm::DefaultSmallTile(p), static_cast<int>(p.k / p.n)};
+  constexpr int kSquareSplits = 3;
+  const bool square = p.k == p.n && p.m <= cutlass_gemm::kNarrowTileMaxTokens;
+  if (!square && (p.k <= p.n || p.k % p.n != 0 || p.k / p.n > kMaxKSplits)) return {};
+  const KSplitPlan plan{cutlass_gemm::DefaultSmallTile(p), square ? kSquareSplits : static_cast<int>(p.k / p.n)};
   return cutlass_gemm::Supports(WithSplits(p, plan.splits)) ? plan : KSplitPlan{};
 }
 
