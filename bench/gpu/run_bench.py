@@ -287,7 +287,8 @@ def stage_check(res: Results, lib) -> None:
     mcfg = {k: mcfg[k] for k in cfg}
     mw = {k: v.float().cuda() for k, v in load_file(os.path.join(CARRY, "minilm_l6_fp16.safetensors")).items()}
     ref = np.load(os.path.join(CARRY, "minilm_l6_reference.npz"))
-    longest = slice(int(np.argmax(ref["lengths"])), int(np.argmax(ref["lengths"])) + 1)
+    row = int(np.argmax(ref["lengths"]))
+    longest = slice(row, row + 1)
     checks["minilm_real_1_row"] = check_model(lib, mcfg, mw, ref["input_ids"][longest], ref["segment_ids"][longest],
                                               ref["lengths"][longest])
     checks["minilm_real_32_tokens"] = check_model(lib, mcfg, mw, ref["input_ids"][:3], ref["segment_ids"][:3],
