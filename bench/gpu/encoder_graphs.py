@@ -10,7 +10,8 @@ reference encoder on the same fp16-rounded input; then calls from 4 threads at o
 batch without tokens), each equal to its launches.
 Timing (fp16, first tokens, U[8,32]; the core's call alone, its inputs made beforehand): a bucket's first call, host
 to host per call (each waited for, as one serving request is), back to back (the host's or the GPU's pace), and the
-host's time in a call; launches, graphs, and graphs of autotuned plans, alternating in one process.
+host's time in a call; launches, graphs, and graphs of autotuned plans, alternating in one process; and the GEMM
+plans of both rankers.
 
 Usage: python3 bench/gpu/encoder_graphs.py LIB.so --out FILE.json
 """
@@ -31,7 +32,7 @@ import torch_models
 from run_bench import SEQ, WARMUP_S, chitchat_random, compare, environment
 
 CHECK_BATCHES = (1, 3, 8, 32, 128, 1100)  # 1,100: cu_seqlens past the 1,000 indices one staging launch carries
-TIME_BATCHES = (1, 8, 32, 128)
+TIME_BATCHES = (1, 8, 16, 32, 64, 128)  # 1, the batch sizes serving_config's batcher pads to, and 128
 REL_L2_LIMIT = {torch.float16: 5e-3, torch.float32: 1e-4}
 
 
@@ -179,7 +180,9 @@ def issue_us(call, calls: int) -> float:
 MODES = (("eager", False, False), ("graphs", True, False), ("graphs_autotuned", True, True))
 
 
-def timings(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Generator, rounds: int) -> list[dict]:
+def timings(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Generator,
+            rounds: int) -> tuple[list[dict], dict[str, list[str]]]:
+    """Each TIME_BATCHES row's times, and the GEMM plans of the untuned and the autotuned ranker."""
     weights = {k: v.half().float() for k, v in w32.items()}
     rankers = {tuned: core.CudaRanker(lib, config, weights, torch.float16, max(TIME_BATCHES), SEQ, autotune=tuned)
                for tuned in (False, True)}
@@ -209,9 +212,10 @@ def timings(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Gene
         row["eager_over_graphs_host_to_host"] = row["eager_best_median_us"] / row["graphs_best_median_us"]
         print(json.dumps({k: v for k, v in row.items() if k not in calls}), flush=True)
         rows.append(row)
+    plans = {"autotuned" if tuned else "untuned": ranker.gemm_plans() for tuned, ranker in rankers.items()}
     for ranker in rankers.values():
         ranker.close()
-    return rows
+    return rows, plans
 
 
 def main(argv: list[str]) -> int:
@@ -230,7 +234,7 @@ def main(argv: list[str]) -> int:
     print("threads:", json.dumps(threads), flush=True)
     ok &= threads["ok"]
     result = {"environment": environment(), "check_ok": ok, "check": check_rows, "threads": threads}
-    result["timing"] = timings(lib, config, w32, rng, args.rounds)
+    result["timing"], result["gemm_plans"] = timings(lib, config, w32, rng, args.rounds)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0 if ok else 1

@@ -84,6 +84,22 @@ inline int DefaultSmallTile(const Problem& p) {
   return p.m <= kNarrowTileMaxTokens ? kBasicNarrowTile : kSmallTile;
 }
 
+// The index of the configuration called `name` in Runners(fused), or -1.
+int RunnerIndex(Fused fused, const char* name);
+
+// Blocks of a tile of tile_features x tile_tokens for p's output, and the fraction of the waves they take on
+// p.sm_count SMs that they fill (1: whole waves). The untuned rules above kSmallGemmMaxTokens pick tiles that fill
+// at least kMinWaveFill.
+int64_t TileBlocks(const Problem& p, int64_t tile_features, int64_t tile_tokens);
+double WaveFill(const Problem& p, int64_t tile_features, int64_t tile_tokens);
+constexpr double kMinWaveFill = 0.8;
+
+// Which plain configuration (Fused::kNone or kBias) a shape nobody timed runs as, or -1 for cuBLASLt: the small
+// tiles where SmallTileByDefault, and for k <= n the basic 64x80x64 tile where its blocks make one wave at least
+// kMinWaveFill full: the autotuner chose it for the attention output at 679 and 704 rows (12 x 9 blocks of 132
+// SMs), cuBLASLt at 512 and 1,024 (84 and 156 blocks) and for the QKV GEMM (gpu_h200_bench_step50.json).
+int DefaultPlainRunner(Fused fused, const Problem& p);
+
 // Whether CUTLASS's TMA can take these operands: n and k / k_splits multiples of 8, k_splits dividing k, every
 // pointer 16-byte aligned.
 bool Supports(const Problem& p);

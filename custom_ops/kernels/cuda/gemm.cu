@@ -169,18 +169,22 @@ cutlass_gemm::Problem CutlassProblem(const GemmContext* context, const Operands&
           o.y, m, n, k, context->sm_count};
 }
 
+cutlass_gemm::Fused CutlassFused(Epilogue epilogue) {
+  return epilogue == Epilogue::kBias ? cutlass_gemm::Fused::kBias : cutlass_gemm::Fused::kNone;
+}
+
 const std::vector<cutlass_gemm::Runner>& CutlassRunners(Epilogue epilogue) {
-  return cutlass_gemm::Runners(epilogue == Epilogue::kBias ? cutlass_gemm::Fused::kBias : cutlass_gemm::Fused::kNone);
+  return cutlass_gemm::Runners(CutlassFused(epilogue));
 }
 
 // The CUTLASS kernel an fp16 shape runs as instead of cuBLASLt, or -1: among the runners cutlass_gemm::TimedAt
 // the shape's rows. Timed (cublas_ms >= 0, cuBLASLt's best time): the
-// fastest runner that beats it. Untimed: the small tiles where cutlass_gemm::SmallTileByDefault.
+// fastest runner that beats it. Untimed: cutlass_gemm::DefaultPlainRunner.
 int ChooseCutlassRunner(const GemmContext* context, int64_t m, int64_t n, int64_t k, Epilogue epilogue,
                         const Operands& o, float cublas_ms) {
   const cutlass_gemm::Problem p = CutlassProblem(context, o, m, n, k);
   if (!context->options.custom_gemms || !cutlass_gemm::Supports(p)) return -1;
-  if (cublas_ms < 0) return cutlass_gemm::SmallTileByDefault(p) ? cutlass_gemm::DefaultSmallTile(p) : -1;
+  if (cublas_ms < 0) return cutlass_gemm::DefaultPlainRunner(CutlassFused(epilogue), p);
   const std::vector<cutlass_gemm::Runner>& runners = CutlassRunners(epilogue);
   return GpuTimer(o.stream).Fastest(
       static_cast<int>(runners.size()),

@@ -54,13 +54,13 @@ void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOu
 
 // Y = GELU(X @ W + bias), GELU in BERT's erf form, fp16 with fp32 accumulation, one of two ways, chosen per shape: a
 // CUTLASS sm90 GEMM (TMA, wgmma) with bias and GELU in its fp32 epilogue, which saves a pass over Y, or the plain GEMM
-// (Gemm's plan) followed by a bias + GELU pass, faster from a few hundred to a few thousand tokens. With autotuning,
+// (Gemm's plan) followed by a bias + GELU pass, faster at a few hundred tokens. With autotuning,
 // the first call for a shape times both on the real operands, each followed by `consumer` when given (the kernel
 // that reads Y, as for Gemm: timed alone, the basic and ping-pong 64x32x128 tiles tie at 32 rows, and the basic one
-// makes the forward 3-4 % slower; log, step 50); otherwise the CUTLASS GEMM runs for a few hundred tokens or fewer
-// (cutlass_gemm::SmallTileByDefault) and from kFusedGeluMinTokens on (tile configuration by token count). Shapes
-// CUTLASS cannot take (n or k not a multiple of 8, pointers not 16-byte aligned) or declines run as GEMM + pass.
-constexpr int64_t kFusedGeluMinTokens = 4096;
+// makes the forward 3-4 % slower; log, step 50); otherwise the CUTLASS GEMM runs up to kSmallGemmMaxTokens rows
+// (cutlass_gemm::SmallTileByDefault) and above where a tile's blocks fill most of their waves (the tile by token
+// count, gemm_gelu.cu's DefaultPlan), GEMM + pass otherwise. Shapes CUTLASS cannot take (n or k not a multiple of
+// 8, pointers not 16-byte aligned) or declines run as GEMM + pass.
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream,
                   const std::function<void()>& consumer = {});

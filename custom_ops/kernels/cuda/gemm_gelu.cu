@@ -26,25 +26,45 @@ constexpr int kGemmPlusPass = -1;
 const std::vector<Runner>& AllRunners() { return cutlass_gemm::Runners(cutlass_gemm::Fused::kBiasGelu); }
 
 int RunnerNamed(const char* name) {
-  const std::vector<Runner>& runners = AllRunners();
-  for (int i = 0; i < static_cast<int>(runners.size()); ++i) {
-    if (std::string(name) == runners[i].name) return i;
+  const int index = cutlass_gemm::RunnerIndex(cutlass_gemm::Fused::kBiasGelu, name);
+  return index < 0 ? kGemmPlusPass : index;
+}
+
+// Without timing (the TF op, which sees a new token count per batch): what autotuning chose on the H200 for the
+// chit-chat FFN (n = 3072, k = 768). A small tile for a few hundred tokens (cutlass_gemm::SmallTileByDefault; up to
+// kNarrowTileMaxTokens the narrow ping-pong tile, chosen at 1, 8 and 32 rows once timed with the FFN-output GEMM
+// after it, gpu_h200_bench_step50.json). Below kWideTileMinTokens, the widest tall tile whose blocks fill at least
+// cutlass_gemm::kMinWaveFill of the waves they take (TallTilePlan), else GEMM + pass; then 128x256, ping-pong
+// 128x128 from 8,192, ping-pong 64x256 from 32,768. The same run's choices: GEMM + pass at 512 rows (256x80 tiles
+// would fill 64 % of a wave), 256x80 at 679 and 704 (82 %), 256x96 at 1,024 and 2,048 (one and two whole waves),
+// 256x128 at 2,558 and 2,560 (91 % of two), 128x256 at 4,096, ping-pong 128x128 at 8,192-16,384, ping-pong 64x256
+// from 41,300.
+constexpr int64_t kWideTileMinTokens = 4096;
+
+int TallTilePlan(const Problem& p) {
+  struct TallTile {
+    int64_t features, tokens;
+    const char* runner;
+  };
+  constexpr TallTile kWidestFirst[] = {{256, 128, "cooperative 256x128x64 cluster 1x2"},
+                                       {256, 96, "cooperative 256x96x64"},
+                                       {256, 80, "cooperative 256x80x64"}};
+  for (const TallTile& tile : kWidestFirst) {
+    if (cutlass_gemm::WaveFill(p, tile.features, tile.tokens) >= cutlass_gemm::kMinWaveFill) {
+      return RunnerNamed(tile.runner);
+    }
   }
   return kGemmPlusPass;
 }
 
-// Without timing (the TF op, which sees a new token count per batch): what autotuning chose on the H200 for the
-// chit-chat FFN (bench/results/gpu_h200_bench.json, timing.gemm_plans): a small tile for a few hundred tokens
-// (cutlass_gemm::SmallTileByDefault; up to kNarrowTileMaxTokens the narrow ping-pong tile, chosen at 1, 8 and 32 rows
-// once timed with the FFN-output GEMM after it, gpu_h200_bench_step50.json), GEMM + pass below kFusedGeluMinTokens,
-// the wide cooperative tile from there, ping-pong 64x256 from 8,192.
 int DefaultPlan(const Problem& p) {
   if (cutlass_gemm::SmallTileByDefault(p)) {
     return p.m <= cutlass_gemm::kNarrowTileMaxTokens ? cutlass_gemm::kNarrowTile : cutlass_gemm::DefaultSmallTile(p);
   }
-  if (p.m < kFusedGeluMinTokens) return kGemmPlusPass;
-  return RunnerNamed(p.m < 2 * kFusedGeluMinTokens ? "cooperative 128x256x64 cluster 2x1"
-                                                   : "ping-pong 64x256x64 cluster 2x1");
+  if (p.m < kWideTileMinTokens) return TallTilePlan(p);
+  if (p.m < 2 * kWideTileMinTokens) return RunnerNamed("cooperative 128x256x64 cluster 2x1");
+  return RunnerNamed(p.m < 8 * kWideTileMinTokens ? "ping-pong 128x128x64 cluster 2x1"
+                                                  : "ping-pong 64x256x64 cluster 2x1");
 }
 
 // Enqueues the plan; returns false when a CUTLASS configuration cannot run this shape.
