@@ -3,8 +3,8 @@ fp16 (with the CUTLASS GEMMs of the launch chain, untuned and, once per head siz
 launched with the kernel that reads its output, on scratch; cuBLASLt only) and fp32, rows of length 0..seq, seq
 32 / 64 / 128 (the fused attention's three sizes) and 200 (the streaming attention), batches of 1, 2 and 8 rows
 (the first-token layer's few-row GEMMs; 27 tokens at 2 rows: small-m GEMMs), a graph bucket with scratch rows, the
-encoder as the TF kernel runs it (eager, and captured then replayed from the core's graph cache), and the padding
-ops.
+encoder as the TF kernel runs it (eager, and captured then replayed from the core's graph cache), the untuned
+tiles of a few hundred to a few thousand tokens, and the padding ops.
 
 Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
 """
@@ -18,6 +18,26 @@ import torch
 
 import core
 from run_bench import config_dict, weights_mod, check_padding_ops
+
+
+def check_wave_fill_tiles(lib) -> None:
+    """The untuned rules above 256 rows pick tiles by how full their waves are (gemm_gelu.cu's DefaultPlan,
+    cutlass_gemm_plain.cu's DefaultPlainRunner): at the chit-chat widths, 704, 1,216 and 2,048 tokens take the
+    basic 64x80 attention output and the 256x80, 256x128 and 256x96 GEMM + GELU tiles (in layer 0; the last layer
+    runs on first tokens)."""
+    config = weights_mod.BertConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
+                                    intermediate_size=3072, max_position_embeddings=64)
+    w = {k: torch.as_tensor(v).cuda() for k, v in weights_mod.BertWeights.random(config, seed=1).items()}
+    rng = np.random.default_rng(1)
+    for batch, length in ((32, 22), (38, 32), (64, 32)):
+        lengths = np.full(batch, length, np.int32)
+        ids = torch.as_tensor(rng.integers(0, 1000, (batch, 32)), dtype=torch.int32, device="cuda")
+        ranker = core.CudaRanker(lib, config_dict(config), w, torch.float16, batch, 32, autotune=False)
+        scores = ranker.forward(ids, torch.zeros_like(ids), lengths)
+        torch.cuda.synchronize()
+        assert torch.isfinite(scores).all(), (batch, length)
+        print(f"{batch} x {length} tokens:", [p for p in ranker.gemm_plans() if "CUTLASS" in p and "x768" in p])
+        ranker.close()
 
 
 def main(argv: list[str]) -> int:
@@ -51,6 +71,7 @@ def main(argv: list[str]) -> int:
                 assert torch.isfinite(scores).all() and torch.isfinite(graph_scores).all(), (heads, seq, dtype)
                 assert all(torch.isfinite(e).all() for e in encoded), (heads, seq, dtype)
                 ranker.close()
+    check_wave_fill_tiles(lib)
     print("padding ops:", check_padding_ops(lib))
     print("sanitize run finished")
     return 0
