@@ -77,9 +77,9 @@ inline bool TimedAt(const Runner& runner, int64_t m) { return m <= kSmallGemmMax
 
 // Which small tile a shape nobody timed runs as: the narrow one as a non-persistent kernel up to
 // kNarrowTileMaxTokens rows, where the autotuner chose it for nearly every GEMM of the chit-chat ranker (1, 8 and
-// 32 rows, five processes; log, step 44; the ping-pong narrow tile before it, step 33), the ping-pong 64x64x64
-// above.
-constexpr int64_t kNarrowTileMaxTokens = 32;
+// 32 rows, five processes; log, step 44; the ping-pong narrow tile before it, step 33; at 64 rows, the last layer
+// at batch 64, for both k splits in four processes, log, step 51), the ping-pong 64x64x64 above.
+constexpr int64_t kNarrowTileMaxTokens = 64;
 inline int DefaultSmallTile(const Problem& p) {
   return p.m <= kNarrowTileMaxTokens ? kBasicNarrowTile : kSmallTile;
 }

@@ -70,7 +70,8 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
 // hundred rows or fewer then runs on S times the blocks of its output tiles and stays in the launch chain, where
 // cuBLASLt's split-k kernel and its reduction break it twice. Returns S, or 0 when the shape should run as Gemm
 // instead: custom_gemms off, more than kKSplitMaxTokens rows, operands CUTLASS's TMA cannot take, or (with
-// autotuning) no split timed faster than Gemm's plan; without autotuning, S = k / n where k > n (the FFN output).
+// autotuning) no split timed faster than Gemm's plan; without autotuning, S = k / n where k > n (the FFN output),
+// and 3 or 4 where k = n up to 128 rows (the attention output; gemm_ksplit.cu's DefaultPlan).
 // partials holds kMaxKSplits * m * n floats.
 // consumer(S) enqueues the kernel that reads the output (S = 0: Gemm's plan, its fp16 [m, n] in partials) on
 // scratch: the autotuner times each candidate followed by it, because the kernel summing S slices costs more as S

@@ -30,13 +30,19 @@ Problem WithSplits(Problem p, int splits) {
 
 // Without timing (the TF op, which sees a new token count per batch): a small tile with k / n slices where
 // k > n, i.e. the FFN output (k = 4n), whose output tiles alone occupy n / 64 blocks; and where k = n (the attention
-// output) up to kNarrowTileMaxTokens rows, 3 slices, as autotuning chose at 1, 8 and 32 rows
-// (gpu_h200_bench_step50.json).
+// output) up to kSquareSplitMaxTokens rows, 3 slices of the narrow tile up to kNarrowTileMaxTokens rows and 4 of
+// the basic 64x64x64 tile above: what autotuning chose at 1, 8 and 32 rows (gpu_h200_bench_step50.json), at 64
+// rows (3 slices in three processes of four, 2 in one) and at 128 (4 slices of 64x64x64 in three of four, 2 of the
+// narrow tile in one; gpu_h200_encoder_graphs_untuned_wave_fill.jsonl's processes, log, step 51).
+constexpr int64_t kSquareSplitMaxTokens = 128;
+
 KSplitPlan DefaultPlan(const Problem& p) {
-  constexpr int kSquareSplits = 3;
-  const bool square = p.k == p.n && p.m <= cutlass_gemm::kNarrowTileMaxTokens;
+  const bool square = p.k == p.n && p.m <= kSquareSplitMaxTokens;
   if (!square && (p.k <= p.n || p.k % p.n != 0 || p.k / p.n > kMaxKSplits)) return {};
-  const KSplitPlan plan{cutlass_gemm::DefaultSmallTile(p), square ? kSquareSplits : static_cast<int>(p.k / p.n)};
+  const bool narrow = p.m <= cutlass_gemm::kNarrowTileMaxTokens;
+  const KSplitPlan plan = !square ? KSplitPlan{cutlass_gemm::DefaultSmallTile(p), static_cast<int>(p.k / p.n)}
+                          : narrow ? KSplitPlan{cutlass_gemm::kBasicNarrowTile, 3}
+                                   : KSplitPlan{cutlass_gemm::kBasicSmallTile, 4};
   return cutlass_gemm::Supports(WithSplits(p, plan.splits)) ? plan : KSplitPlan{};
 }
 
