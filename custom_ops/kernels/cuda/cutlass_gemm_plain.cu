@@ -1,5 +1,5 @@
 // The tile tables of the GEMMs without GELU (QKV with its bias, attention output, FFN output; see PlainRunners in
-// cutlass_gemm_kernels.cuh), and the tables' dispatcher.
+// cutlass_gemm_kernels.cuh), the tables' dispatcher and lookup, and the plain GEMMs' untuned rule.
 #include <cstdint>
 #include <string_view>
 
