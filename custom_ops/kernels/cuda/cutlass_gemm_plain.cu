@@ -12,6 +12,11 @@ namespace {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Blocks of a tile of tile_features x tile_tokens for p's output.
+int64_t TileBlocks(const Problem& p, int64_t tile_features, int64_t tile_tokens) {
+  return (p.n + tile_features - 1) / tile_features * ((p.m + tile_tokens - 1) / tile_tokens);
+}
+
 }  // namespace
 
 const std::vector<Runner>& Runners(Fused fused) {
@@ -35,10 +40,6 @@ int RunnerIndex(Fused fused, const char* name) {
   return -1;
 }
 
-int64_t TileBlocks(const Problem& p, int64_t tile_features, int64_t tile_tokens) {
-  return (p.n + tile_features - 1) / tile_features * ((p.m + tile_tokens - 1) / tile_tokens);
-}
-
 double WaveFill(const Problem& p, int64_t tile_features, int64_t tile_tokens) {
   const int64_t blocks = TileBlocks(p, tile_features, tile_tokens);
   const int64_t waves = (blocks + p.sm_count - 1) / p.sm_count;
@@ -47,7 +48,8 @@ double WaveFill(const Problem& p, int64_t tile_features, int64_t tile_tokens) {
 
 int DefaultPlainRunner(Fused fused, const Problem& p) {
   if (SmallTileByDefault(p)) return DefaultSmallTile(p);
-  const bool one_full_wave = TileBlocks(p, 64, 80) <= p.sm_count && WaveFill(p, 64, 80) >= kMinWaveFill;
+  const int64_t blocks = TileBlocks(p, 64, 80);
+  const bool one_full_wave = blocks <= p.sm_count && blocks >= kMinWaveFill * static_cast<double>(p.sm_count);
   return p.k <= p.n && one_full_wave ? RunnerIndex(fused, "basic 64x80x64") : -1;
 }
 

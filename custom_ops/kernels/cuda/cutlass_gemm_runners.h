@@ -87,10 +87,9 @@ inline int DefaultSmallTile(const Problem& p) {
 // The index of the configuration called `name` in Runners(fused), or -1.
 int RunnerIndex(Fused fused, const char* name);
 
-// Blocks of a tile of tile_features x tile_tokens for p's output, and the fraction of the waves they take on
-// p.sm_count SMs that they fill (1: whole waves). The untuned rules above kSmallGemmMaxTokens pick tiles that fill
-// at least kMinWaveFill.
-int64_t TileBlocks(const Problem& p, int64_t tile_features, int64_t tile_tokens);
+// The fraction of the waves they take on p.sm_count SMs that the blocks of a tile of tile_features x tile_tokens
+// fill for p's output (1: whole waves). The untuned rules above kSmallGemmMaxTokens pick tiles that fill at least
+// kMinWaveFill.
 double WaveFill(const Problem& p, int64_t tile_features, int64_t tile_tokens);
 constexpr double kMinWaveFill = 0.8;
 
