@@ -132,27 +132,6 @@ const std::vector<Variant>& VariantsFor(Fused f) {
   }
 }
 
-// A graph of kLaunchesPerGraph calls, each on the next weight copy; microseconds per call (best of 5 replays).
-template <typename Launch>
-float GraphMicros(cudaStream_t stream, int copies, const Launch& launch) {
-  cudaGraph_t graph;
-  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  bool ok = true;
-  for (int i = 0; i < kLaunchesPerGraph; ++i) ok = launch(i % copies) && ok;
-  CK(cudaStreamEndCapture(stream, &graph));
-  if (!ok) {
-    cudaGraphDestroy(graph);
-    cudaGetLastError();
-    return -1.f;
-  }
-  cudaGraphExec_t exec;
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  const float best = BestReplayMs(exec, stream, 8, 3);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return best * 1000.f / kLaunchesPerGraph;
-}
-
 struct Cublas {
   cublasLtHandle_t handle;
   cublasLtMatmulDesc_t desc;
@@ -231,7 +210,7 @@ int main() {
       float first = -1, best = 1e30f;
       int best_i = -1;
       for (int i = 0; i < c.found; ++i) {
-        const float us = GraphMicros(stream, copies, [&](int copy) {
+        const float us = GraphMicros(stream, copies, kLaunchesPerGraph, [&](int copy) {
           return RunCublas(c, c.results[i].algo, problem(copy), workspace, stream);
         });
         if (i == 0) first = us;
@@ -244,7 +223,7 @@ int main() {
       if (t <= 256) variants.insert(variants.end(), TokensMajorVariants().begin(), TokensMajorVariants().end());
       for (const Variant& v : variants) {
         for (const bool pdl : {false, true}) {
-          const float us = GraphMicros(stream, copies, [&](int copy) {
+          const float us = GraphMicros(stream, copies, kLaunchesPerGraph, [&](int copy) {
             return v.run(problem(copy), workspace, stream, pdl);
           });
           printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cutlass %s%s\", \"us\": %.2f}\n", t, g.name,

@@ -51,6 +51,29 @@ inline float BestReplayMs(cudaGraphExec_t exec, cudaStream_t stream, int replays
   return best;
 }
 
+// A graph of `launches` calls, call i on weight copy i % copies, replayed 8 times; microseconds per call, best of
+// the replays after the first 3 (the GEMM probes: back-to-back launches with the weights rotating through copies
+// too large for L2 together, as in a forward).
+template <typename Launch>
+float GraphMicros(cudaStream_t stream, int copies, int launches, const Launch& launch) {
+  cudaGraph_t graph;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  bool ok = true;
+  for (int i = 0; i < launches; ++i) ok = launch(i % copies) && ok;
+  CK(cudaStreamEndCapture(stream, &graph));
+  if (!ok) {
+    cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return -1.f;
+  }
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  const float best = BestReplayMs(exec, stream, 8, 3);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return best * 1000.f / launches;
+}
+
 // Launch attributes the probes combine: programmatic dependent launch (the core's launch chain) and cooperative
 // launch (every block resident at once).
 inline cudaLaunchAttribute ProgrammaticLaunch() {
