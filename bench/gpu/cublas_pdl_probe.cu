@@ -11,7 +11,6 @@
 // Prints one JSON line per (shape, variant).
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. -I$CUBLAS/include \
 //     bench/gpu/cublas_pdl_probe.cu -L$CUBLAS/lib -lcublasLt -o cublas_pdl_probe
-#include <cublasLt.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "bench/gpu/probe_check.h"
+#include "bench/gpu/probe_cublas.h"
 
 namespace {
 
@@ -46,41 +46,18 @@ void LaunchWriter(const __half* base, __half* x, size_t count, const int* phase,
   LaunchWith({ProgrammaticLaunch()}, WriterKernel, dim3(132), dim3(256), 0, s, base, x, count, phase, spin);
 }
 
-struct Matmul {
-  cublasLtHandle_t handle;
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t a, b, d;
-  cublasLtMatmulAlgo_t algo;
-};
-
-// Y[t, n] = X[t, k] @ W[k, n] as the core plans it (column-major Z = W^T X^T), the heuristic's first algorithm.
-Matmul MakeMatmul(cublasLtHandle_t handle, int t, int n, int k) {
-  Matmul m{};
-  m.handle = handle;
-  cublasLtMatmulDescCreate(&m.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  cublasLtMatrixLayoutCreate(&m.a, CUDA_R_16F, n, k, n);
-  cublasLtMatrixLayoutCreate(&m.b, CUDA_R_16F, k, t, k);
-  cublasLtMatrixLayoutCreate(&m.d, CUDA_R_16F, n, t, n);
-  cublasLtMatmulPreference_t pref;
-  cublasLtMatmulPreferenceCreate(&pref);
-  const uint64_t ws = kWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  cublasLtMatmulAlgoGetHeuristic(handle, m.desc, m.a, m.b, m.d, m.d, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0) {
+// The heuristic's first algorithm for Y[t, n] = X[t, k] @ W[k, n]; the probe ends when there is none.
+CublasGemm MakeMatmul(cublasLtHandle_t handle, int t, int n, int k) {
+  CublasGemm m = MakeCublasGemm(handle, t, n, k, nullptr, kWorkspaceBytes, 1);
+  if (m.found == 0) {
     printf("no algorithm\n");
     exit(1);
   }
-  m.algo = result.algo;
   return m;
 }
 
-void RunMatmul(const Matmul& m, const __half* w, const __half* x, __half* y, void* workspace, cudaStream_t s) {
-  const float alpha = 1.f, beta = 0.f;
-  if (cublasLtMatmul(m.handle, m.desc, &alpha, w, m.a, x, m.b, &beta, y, m.d, y, m.d, &m.algo, workspace,
-                     kWorkspaceBytes, s) != CUBLAS_STATUS_SUCCESS) {
+void RunMatmul(const CublasGemm& m, const __half* w, const __half* x, __half* y, void* workspace, cudaStream_t s) {
+  if (!RunCublasGemm(m, 0, w, x, y, workspace, s)) {
     printf("matmul failed\n");
     exit(1);
   }
@@ -148,7 +125,7 @@ int main() {
   FillKernel<<<1024, 256>>>(base, size_t(1024) * 3072, 2);
   CK(cudaDeviceSynchronize());
   for (const Shape& sh : shapes) {
-    const Matmul m = MakeMatmul(handle, sh.t, sh.n, sh.k);
+    const CublasGemm m = MakeMatmul(handle, sh.t, sh.n, sh.k);
     const size_t x_count = size_t(sh.t) * sh.k, y_count = size_t(sh.t) * sh.n;
     // The reference: phase 0's output.
     CK(cudaMemset(phase, 0, sizeof(int)));

@@ -7,13 +7,13 @@
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 \
 //     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED --expt-relaxed-constexpr -I. -I$CUTLASS/include \
 //     -I$CUTLASS/tools/util/include -I$CUBLAS/include bench/gpu/gelu_probe.cu -L$CUBLAS/lib -lcublasLt -o gelu_probe
-#include <cublasLt.h>
 #include <cuda_fp16.h>
 
 #include <cstdio>
 #include <vector>
 
 #include "bench/gpu/probe_check.h"
+#include "bench/gpu/probe_cublas.h"
 #include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
 
 namespace gelu_probe {
@@ -53,38 +53,15 @@ const std::vector<Variant>& Variants() {
 // cuBLASLt's fastest heuristic candidate for W^T-stored weights times X, bias in its epilogue, in microseconds.
 float CublasBestMicros(cublasLtHandle_t handle, cudaStream_t stream, int copies, int t, const __half* pool,
                        const __half* x, const __half* bias, __half* y, void* workspace) {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue));
-  const cudaDataType_t half = CUDA_R_16F;
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &half, sizeof(half));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
-  cublasLtMatrixLayout_t a, b, d;
-  cublasLtMatrixLayoutCreate(&a, CUDA_R_16F, kFeatures, kDepth, kFeatures);
-  cublasLtMatrixLayoutCreate(&b, CUDA_R_16F, kDepth, t, kDepth);
-  cublasLtMatrixLayoutCreate(&d, CUDA_R_16F, kFeatures, t, kFeatures);
-  cublasLtMatmulPreference_t pref;
-  cublasLtMatmulPreferenceCreate(&pref);
-  const uint64_t ws = kWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulHeuristicResult_t results[16];
-  int found = 0;
-  cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, 16, results, &found);
+  CublasGemm gemm = MakeCublasGemm(handle, t, kFeatures, kDepth, bias, kWorkspaceBytes, 16);
   float best = 1e30f;
-  for (int i = 0; i < found; ++i) {
+  for (int i = 0; i < gemm.found; ++i) {
     const float us = GraphMicros(stream, copies, kLaunchesPerGraph, [&](int copy) {
-      const float alpha = 1.f, beta = 0.f;
-      return cublasLtMatmul(handle, desc, &alpha, pool + size_t(copy) * kFeatures * kDepth, a, x, b, &beta, y, d,
-                            y, d, &results[i].algo, workspace, kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
+      return RunCublasGemm(gemm, i, pool + size_t(copy) * kFeatures * kDepth, x, y, workspace, stream);
     });
     if (us > 0 && us < best) best = us;
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(a);
-  cublasLtMatrixLayoutDestroy(b);
-  cublasLtMatrixLayoutDestroy(d);
-  cublasLtMatmulDescDestroy(desc);
+  DestroyCublasGemm(gemm);
   return best;
 }
 

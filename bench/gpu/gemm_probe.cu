@@ -6,7 +6,6 @@
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 \
 //     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED --expt-relaxed-constexpr -I. -I$CUTLASS/include \
 //     -I$CUTLASS/tools/util/include -I$CUBLAS/include bench/gpu/gemm_probe.cu -L$CUBLAS/lib -lcublasLt -o gemm_probe
-#include <cublasLt.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <vector>
 
 #include "bench/gpu/probe_check.h"
+#include "bench/gpu/probe_cublas.h"
 #include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
 
 namespace gemm_probe {
@@ -132,44 +132,6 @@ const std::vector<Variant>& VariantsFor(Fused f) {
   }
 }
 
-struct Cublas {
-  cublasLtHandle_t handle;
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t a, b, d;
-  cublasLtMatmulHeuristicResult_t results[32];
-  int found;
-};
-
-Cublas MakeCublas(cublasLtHandle_t handle, int t, int n, int k, bool bias, const __half* bias_ptr) {
-  Cublas c{};
-  c.handle = handle;
-  cublasLtMatmulDescCreate(&c.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  const cublasLtEpilogue_t e = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e));
-  if (bias) {
-    const cudaDataType_t h = CUDA_R_16F;
-    cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &h, sizeof(h));
-    cublasLtMatmulDescSetAttribute(c.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr));
-  }
-  cublasLtMatrixLayoutCreate(&c.a, CUDA_R_16F, n, k, n);
-  cublasLtMatrixLayoutCreate(&c.b, CUDA_R_16F, k, t, k);
-  cublasLtMatrixLayoutCreate(&c.d, CUDA_R_16F, n, t, n);
-  cublasLtMatmulPreference_t pref;
-  cublasLtMatmulPreferenceCreate(&pref);
-  const uint64_t ws = kWorkspaceBytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulAlgoGetHeuristic(handle, c.desc, c.a, c.b, c.d, c.d, pref, 32, c.results, &c.found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  return c;
-}
-
-bool RunCublas(const Cublas& c, const cublasLtMatmulAlgo_t& algo, const Problem& p, void* workspace,
-               cudaStream_t stream) {
-  const float alpha = 1.f, beta = 0.f;
-  return cublasLtMatmul(c.handle, c.desc, &alpha, p.w, c.a, p.x, c.b, &beta, p.y, c.d, p.y, c.d, &algo, workspace,
-                        kWorkspaceBytes, stream) == CUBLAS_STATUS_SUCCESS;
-}
-
 }  // namespace gemm_probe
 
 int main() {
@@ -206,12 +168,13 @@ int main() {
       const int copies = static_cast<int>(kWeightPoolBytes / 2 / w_elems);
       auto problem = [&](int copy) { return Problem{x, pool + copy * w_elems, bias, y, t, g.n, g.k, 132}; };
       // cuBLASLt: bias in its epilogue where the GEMM has one; GELU as a pass of its own is not timed here.
-      const Cublas c = MakeCublas(handle, t, g.n, g.k, g.fuse != Fused::kNone, bias);
+      CublasGemm c = MakeCublasGemm(handle, t, g.n, g.k, g.fuse != Fused::kNone ? bias : nullptr, kWorkspaceBytes,
+                                    32);
       float first = -1, best = 1e30f;
       int best_i = -1;
       for (int i = 0; i < c.found; ++i) {
         const float us = GraphMicros(stream, copies, kLaunchesPerGraph, [&](int copy) {
-          return RunCublas(c, c.results[i].algo, problem(copy), workspace, stream);
+          return RunCublasGemm(c, i, pool + copy * w_elems, x, y, workspace, stream);
         });
         if (i == 0) first = us;
         if (us > 0 && us < best) best = us, best_i = i;
@@ -219,6 +182,7 @@ int main() {
       printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cublaslt first\", \"us\": %.2f}\n", t, g.name, first);
       printf("{\"t\": %d, \"gemm\": \"%s\", \"variant\": \"cublaslt best of %d (#%d)\", \"us\": %.2f}\n", t, g.name,
              c.found, best_i, best);
+      DestroyCublasGemm(c);
       std::vector<Variant> variants = VariantsFor(g.fuse);
       if (t <= 256) variants.insert(variants.end(), TokensMajorVariants().begin(), TokensMajorVariants().end());
       for (const Variant& v : variants) {

@@ -48,8 +48,7 @@ double WaveFill(const Problem& p, int64_t tile_features, int64_t tile_tokens) {
 
 int DefaultPlainRunner(Fused fused, const Problem& p) {
   if (SmallTileByDefault(p)) return DefaultSmallTile(p);
-  const int64_t blocks = TileBlocks(p, 64, 80);
-  const bool one_full_wave = blocks <= p.sm_count && blocks >= kMinWaveFill * static_cast<double>(p.sm_count);
+  const bool one_full_wave = TileBlocks(p, 64, 80) <= p.sm_count && WaveFill(p, 64, 80) >= kMinWaveFill;
   return p.k <= p.n && one_full_wave ? RunnerIndex(fused, "basic 64x80x64") : -1;
 }
 
