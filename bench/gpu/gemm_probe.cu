@@ -16,7 +16,7 @@
 
 #include "bench/gpu/probe_check.h"
 #include "bench/gpu/probe_cublas.h"
-#include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
+#include "custom_ops/kernels/cuda/gemm/cutlass_gemm_kernels.cuh"
 
 namespace gemm_probe {
 

@@ -16,7 +16,6 @@
 
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/kernels.h"
-#include "custom_ops/kernels/cuda/step_trace.cuh"
 
 namespace bertserve {
 namespace cuda {
@@ -87,7 +86,7 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
   // waits before it lets the next launch, so the staging has completed and is visible by the time this one starts.
   const int begin = cu_seqlens[blockIdx.x];
   const int len = cu_seqlens[blockIdx.x + 1] - begin;
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kFirstQuery ? kTraceFirstTokenAttention : kTraceAttention, kMaxKeys, D);
+  JoinLaunchChain();
   constexpr int kLd = D + 8;  // +16 bytes per row: the 8 rows an ldmatrix reads hit distinct banks
   constexpr int kKeyTiles = kMaxKeys / 8;
   constexpr int kDimTiles = D / 8;
@@ -108,7 +107,7 @@ __global__ void __launch_bounds__(kMaxKeys / 16 * 32)
   const int64_t row_stride = 3ll * hidden;
   // kChunk 16-byte vectors of Q, K and V per thread are loaded before any is stored, from row min(r, len - 1)
   // (no branch between the loads, so they are in flight together; rows past len are stored as zeros): in a loop
-  // that stored each vector before loading the next, every vector cost an L2 round trip (log, step 32).
+  // that stored each vector before loading the next, every vector cost an L2 round trip (commit b392a21).
   constexpr int kChunk = 4;
   const int vecs = padded_len * kVecsPerRow;
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -245,7 +244,7 @@ __global__ void __launch_bounds__(kStreamingWarps * 32)
     StreamingAttentionKernel(const T* __restrict__ qkv, const int32_t* __restrict__ cu_seqlens, int hidden,
                              int head_size, float scale_log2, T* __restrict__ context, const T* __restrict__ hidden_in,
                              T* __restrict__ residual) {
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kFirstQuery ? kTraceFirstTokenAttention : kTraceAttention, 0, head_size);
+  JoinLaunchChain();
   const int row = blockIdx.x, head = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int begin = cu_seqlens[row];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the CUDA core as libbertserve_cuda.so (the C ABI of ranker_c_api.cu; what bench/gpu loads), without
-# Make or Bazel; with --tf also _bert_ops_gpu.so, the TensorFlow GPU kernels (custom_ops/tf/*_gpu*) over the
-# same core, to load after _bert_ops.so. Usage: build.sh OUT_DIR [--tf]
+# Builds the CUDA core as libbertserve_cuda.so (with the C ABI of custom_ops/c_api/ranker_c_api.cu: what
+# bench/gpu and tests/gpu load), without Make or Bazel; with --tf also _bert_ops_gpu.so, the TensorFlow GPU kernels
+# (custom_ops/tf/*_gpu*) over the same core, to load after _bert_ops.so. Usage: build.sh OUT_DIR [--tf]
 #   CUDA_HOME     CUDA 13 toolkit (default /usr/local/cuda)
 #   CUBLAS_HOME   folder with include/cublasLt.h and lib/libcublasLt.so* when the toolkit lacks cuBLAS
 #                 (PyPI's nvidia-cublas wheel installs one at site-packages/nvidia/cu13)
@@ -25,25 +25,26 @@ arch=${CUDA_ARCH:-arch=compute_90a,code=sm_90a}
 # NDEBUG keeps CUTLASS's asserts out of the wgmma pipelines (ptxas serialises wgmma across their calls).
 # CUTLASS_ENABLE_GDC_FOR_SM90 compiles CUTLASS's programmatic-launch waits and triggers into its kernels (every
 # translation unit alike, so that no inline function has two definitions).
-# STEP_TRACE=1 builds the diagnostic step trace in (step_trace.cuh).
 # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED lets CUTLASS pick wgmma atoms of every width, 80 tokens among them (the
 # tiles of 80 tokens; without it a tile's width falls back to a divisor, 16 for 80).
 cutlass_flags=(-DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
-  ${STEP_TRACE:+-DBERTSERVE_STEP_TRACE} --expt-relaxed-constexpr
+  --expt-relaxed-constexpr
   -diag-suppress 2908 -I"$cutlass/include" -I"$cutlass/tools/util/include")
 mkdir -p "$out"
 # Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
 pids=()
 core_objs=()
-for src in cutlass_gemm_gelu cutlass_gemm_plain cutlass_gemm_partials gemm_gelu gemm_ksplit gemm elementwise attention encoder \
-    encoder_bucketed graph_cache pooler_head ../validation.cc ranker_c_api; do
+# Sources relative to this folder; the C ABI last (it is not part of _bert_ops_gpu.so).
+for src in gemm/cutlass_gemm_gelu gemm/cutlass_gemm_plain gemm/cutlass_gemm_partials gemm/gemm_gelu gemm/gemm_ksplit \
+    gemm/gemm elementwise attention encoder encoder_bucketed graph_cache pooler_head ../validation.cc \
+    ../../c_api/ranker_c_api; do
   [[ $src == *.cc ]] || src=$src.cu
   obj="$out/$(basename "${src%.*}").o"
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC,-fvisibility=hidden -Xptxas -warn-spills \
     "${cutlass_flags[@]}" \
     -I"$root" -I"$cublas/include" -c "$here/$src" -o "$obj" &
   pids+=($!)
-  [[ $src == ranker_c_api.cu ]] || core_objs+=("$obj")
+  [[ $src == */ranker_c_api.cu ]] || core_objs+=("$obj")
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 cublaslt=$(ls "$cublas"/lib*/libcublasLt.so* | head -1)

@@ -115,11 +115,11 @@ __device__ __forceinline__ void PrefetchRangeToL2(const void* ptr, uint64_t byte
 inline int64_t AlignedBytes(int64_t bytes) { return CeilDiv(bytes, 256) * 256; }
 
 // Programmatic dependent launch: a kernel launched with LaunchAfterPredecessor may be scheduled while the kernel
-// before it on the stream is still draining (its launch overlaps that tail, ~1-2 us a boundary at small batch),
-// so it must call JoinLaunchChain before it touches memory. That returns once the preceding kernel has completed
+// before it on the stream is still draining (its launch overlaps that tail), so it must call JoinLaunchChain
+// before it touches memory. That returns once the preceding kernel has completed
 // and its writes are visible, then lets the kernel after this one be scheduled in turn (it waits likewise, so it
 // never reads what this one has not finished writing). Captured into CUDA graphs as programmatic edges. The
-// CUTLASS GEMMs join the same chain (cutlass_gemm_runners.h); cuBLASLt's kernels break it.
+// CUTLASS GEMMs join the same chain (gemm/cutlass_gemm_runners.h); cuBLASLt's kernels break it.
 __device__ __forceinline__ void JoinLaunchChain() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -162,9 +162,9 @@ __device__ __forceinline__ float RankerScore(float logit0, float logit1, int num
 // fp16 resolution), written as GELU(x) = max(x, 0) - |x| * erfc(|x| / sqrt 2) / 2 with 1/sqrt 2, the 1/2 and
 // log2(e) folded into the constants: one reciprocal, one exp2 and eleven other instructions, no branches. In the
 // FFN GEMM's epilogue this arithmetic is what the kernel waits on (with GELU replaced by the identity the same
-// GEMM took 28 % less time at 43k tokens), so every instruction saved shows at large batch. The reciprocal is
+// GEMM ran markedly faster at large batch), so every instruction saved shows there. The reciprocal is
 // rcp.approx.ftz itself: its argument is at least 1, and __fdividef without -ftz wraps the same instruction in a
-// denormal test and two scalings, four more instructions an element (log, step 52).
+// denormal test and two scalings, four more instructions an element (commit 03dbaa7).
 __device__ __forceinline__ float GeluErf(float x) {
   const float a = fabsf(x);
   float t;  // 1 / (1 + p |x| / sqrt 2)

@@ -8,7 +8,6 @@
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/kernels.h"
-#include "custom_ops/kernels/cuda/step_trace.cuh"
 
 namespace bertserve {
 namespace cuda {
@@ -26,7 +25,7 @@ constexpr int64_t kH200Sms = 132;
 // dozens of loads in flight at once through one SM; at up to 128 rows the block per row spreads the same loads over
 // 4x the SMs, 3 pairs a thread (DispatchRows). A block per row also issues all of a row's loads, gamma and beta
 // included, before its sums (one L2 round trip); a warp per row leaves their order to ptxas, gamma and beta after
-// the sums (log, step 47).
+// the sums (commit ff9ae5b).
 template <int kRowThreads>
 struct RowSplit {
   static_assert(kRowThreads == 32 || kRowThreads == kThreads, "a warp or the whole block per row");
@@ -73,7 +72,7 @@ __device__ __forceinline__ float RowSum(float v, float* scratch) {
 
 // A row's gamma and beta pairs, loaded unconverted, unconditionally (clamped pairs), so that their loads are in
 // flight together: behind a branch per pair, or converted to float at once, the compiler issued them one pair at a
-// time (log, step 32).
+// time (commit b392a21).
 template <typename T, int kRowThreads, int kPairs>
 struct RowAffine {
   typename Vec2<T>::type gamma[kPairs], beta[kPairs];
@@ -140,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
     const T* __restrict__ gamma, const T* __restrict__ beta, int vocab_size, int type_vocab_size,
     const int32_t* __restrict__ input_ids, const int32_t* __restrict__ segment_ids, int seq,
     const int32_t* __restrict__ cu_seqlens, int width, float epsilon, T* __restrict__ out) {
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceEmbedding, 0, width);
+  JoinLaunchChain();
   using V = Vec2<T>;
   using Split = RowSplit<kRowThreads>;
   const int lane = Split::Lane();
@@ -148,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) EmbeddingLayerNormKernel(
   const int p = blockIdx.y * Split::kRowsPerBlock + Split::RowInBlock();
   if (p >= seq) return;
   // gamma and beta as RowSplit says: a block per row loads them with the ids, a warp per row after its sums
-  // (loaded first there, batches 8 and 32 were 1.5-2 % slower; log, step 47).
+  // (loaded first there, a few-row batch was slower; commit 8eb9b9e).
   RowAffine<T, kRowThreads, kPairs> affine;
   if constexpr (Split::kBlockPerRow) affine.Load(gamma, beta, lane, width);
   const int t = PackedRowOf(cu_seqlens, b, p);
@@ -181,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
                             float epsilon, T* __restrict__ hidden,
                             const int32_t* __restrict__ zero_rows_without_tokens, const L2Prefetch next) {
   PrefetchToL2(next);
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceLayerNorm, kParts, width);
+  JoinLaunchChain();
   using V = Vec2<T>;
   using VX = Vec2<TX>;
   using Split = RowSplit<kRowThreads>;
@@ -209,8 +208,8 @@ __global__ void __launch_bounds__(kThreads)
   float2 v[kPairs];
   RowAffine<T, kRowThreads, kPairs> affine;
   if constexpr (!Split::kBlockPerRow) {
-    // A warp per row, as before step 47: ptxas interleaves each pair's loads with the sums before them, and gamma
-    // and beta come after. All 96 loads of a lane in one burst made batch 1 11 % slower (log, step 47).
+    // A warp per row: ptxas interleaves each pair's loads with the sums before them, and gamma and beta come
+    // after; all of a lane's loads in one burst made batch 1 slower (commit 8eb9b9e).
 #pragma unroll
     for (int i = 0; i < kPairs; ++i) {
       const int q = PairInRow<kRowThreads>(i, lane, width);
@@ -222,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     affine.Load(gamma, beta, lane, width);
   } else {
     // A block per row: gamma, beta and every input of the row first, then a barrier that keeps ptxas from sinking
-    // the loads into the sums, so that they make one L2 round trip (log, step 47).
+    // the loads into the sums, so that they make one L2 round trip (commit ff9ae5b).
     affine.Load(gamma, beta, lane, width);
     typename VX::type parts[kPairs][kParts];
     typename V::type bias_pairs[kPairs], residual[kPairs];
@@ -243,8 +242,8 @@ __global__ void __launch_bounds__(kThreads)
                                                   hidden + static_cast<int64_t>(t) * width);
 }
 
-// Rows of up to kBlockPerRowMaxRows (about one per SM) get a block each: a warp per row would leave most SMs idle
-// (batch 1 6 % faster); at 192 rows a block per row was 1-2 % slower, at 700-43,000 rows 1-6 % (log, step 47).
+// Rows of up to kBlockPerRowMaxRows (about one per SM) get a block each: a warp per row would leave most SMs idle;
+// above, where a warp per row fills the SMs, a block per row was slower (commit ff9ae5b).
 constexpr int64_t kBlockPerRowMaxRows = 128;
 
 // A warp per row takes hidden sizes up to 768 (12 pairs a lane); wider rows take a block per row (8 pairs a thread
@@ -298,7 +297,7 @@ void CheckWidth(int64_t width) {
 template <typename T>
 __global__ void BiasGeluKernel(T* __restrict__ x, const T* __restrict__ bias, int64_t count, int width,
                                bool vectorized) {
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceBiasGelu, 0, width);
+  JoinLaunchChain();
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kUnroll = 4;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -341,7 +340,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) GatherFirstTokenKernel(const T* __restrict__ packed, int width,
                                                                    const int32_t* __restrict__ cu_seqlens, int batch,
                                                                    T* __restrict__ first) {
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceRowCopy, 0, width);
+  JoinLaunchChain();
   const int lane = threadIdx.x & 31;
   const int b = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (b >= batch) return;
@@ -356,7 +355,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RemovePaddingKernel(const T* __restrict__ padded, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                         int batch, T* __restrict__ packed) {
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceRowCopy, 1, width);
+  JoinLaunchChain();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
   if (row >= batch * seq) return;
@@ -371,7 +370,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     RebuildPaddingKernel(const T* __restrict__ packed, int seq, int width, const int32_t* __restrict__ cu_seqlens,
                          int batch, T* __restrict__ padded) {
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceRowCopy, 2, width);
+  JoinLaunchChain();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
   if (row >= batch * seq) return;
@@ -386,8 +385,8 @@ __global__ void __launch_bounds__(kThreads)
     RankerHeadKernel(const float* __restrict__ pooled, const T* __restrict__ pooler_bias,
                      const T* __restrict__ classifier_kernel, const T* __restrict__ classifier_bias, int width,
                      int num_labels, float* __restrict__ scores) {
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceHead, 0, width);
-  // One block per row: a warp per row walked the row 32 loads at a time, latency-bound (8 us at batch 1).
+  JoinLaunchChain();
+  // One block per row: a warp per row walked the row 32 loads at a time, latency-bound.
   __shared__ float partial[2][kWarpsPerBlock];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int b = blockIdx.x;

@@ -57,9 +57,9 @@ void Gemm(GemmContext* context, const TIn* x, const TIn* w, const TIn* bias, TOu
 // (Gemm's plan) followed by a bias + GELU pass, faster at a few hundred tokens. With autotuning,
 // the first call for a shape times both on the real operands, each followed by `consumer` when given (the kernel
 // that reads Y, as for Gemm: timed alone, the basic and ping-pong 64x32x128 tiles tie at 32 rows, and the basic one
-// makes the forward 3-4 % slower; log, step 50); otherwise the CUTLASS GEMM runs up to kSmallGemmMaxTokens rows
+// makes the forward slower; commit 060d068); otherwise the CUTLASS GEMM runs up to kSmallGemmMaxTokens rows
 // (cutlass_gemm::SmallTileByDefault) and above where a tile's blocks fill most of their waves (the tile by token
-// count, gemm_gelu.cu's DefaultPlan), GEMM + pass otherwise. Shapes CUTLASS cannot take (n or k not a multiple of
+// count, gemm/gemm_gelu.cu's DefaultPlan), GEMM + pass otherwise. Shapes CUTLASS cannot take (n or k not a multiple of
 // 8, pointers not 16-byte aligned) or declines run as GEMM + pass.
 void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const __half* bias, __half* y, int64_t m,
                   int64_t n, int64_t k, void* gemm_workspace, void* stream,
@@ -71,11 +71,12 @@ void GemmBiasGelu(GemmContext* context, const __half* x, const __half* w, const 
 // cuBLASLt's split-k kernel and its reduction break it twice. Returns S, or 0 when the shape should run as Gemm
 // instead: custom_gemms off, more than kKSplitMaxTokens rows, operands CUTLASS's TMA cannot take, or (with
 // autotuning) no split timed faster than Gemm's plan; without autotuning, S = k / n where k > n (the FFN output),
-// and 3 or 4 where k = n up to 128 rows (the attention output; gemm_ksplit.cu's DefaultPlan).
+// and 3 or 4 where k = n up to 128 rows (the attention output; gemm/gemm_ksplit.cu's DefaultPlan).
 // partials holds kMaxKSplits * m * n floats.
 // consumer(S) enqueues the kernel that reads the output (S = 0: Gemm's plan, its fp16 [m, n] in partials) on
 // scratch: the autotuner times each candidate followed by it, because the kernel summing S slices costs more as S
-// grows (timed alone, 4 slices of the FFN output at 192 rows beat 3, and the forward was 5 % slower with them).
+// grows (timed alone, 4 slices of the FFN output at 192 rows beat 3, and the forward was slower with them;
+// commit f4a7cfd).
 constexpr int kMaxKSplits = 4;
 constexpr int64_t kKSplitMaxTokens = 256;
 int GemmKSplit(GemmContext* context, const __half* x, const __half* w, float* partials, int64_t m, int64_t n,

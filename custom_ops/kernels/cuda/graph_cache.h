@@ -2,9 +2,9 @@
 // stream keeps (a graph runs on the arena it was captured on; graphs share the arena until a larger one is needed).
 // A graph bakes in its kernels' arguments (pointers, shapes, plans), so a call copies its inputs into the arena,
 // replays, and copies its results out; the three are enqueued under one lock, so that calls from several threads onto
-// one stream (the TF kernel's, whatever thread runs it) never interleave on an arena. On the H200 a graph call, its
-// staging included, costs the host 21-38 us where launching a forward's ~45 kernels costs 0.2-0.3 ms, which at a
-// few rows is more than the forward's GPU time.
+// one stream (the TF kernel's, whatever thread runs it) never interleave on an arena. A graph call, its staging
+// included, costs the host a fraction of launching a forward's ~45 kernels, which at a few rows takes longer than
+// the forward's GPU time (bench/gpu/encoder_graphs.py measures both).
 #ifndef BERTSERVE_KERNELS_CUDA_GRAPH_CACHE_H_
 #define BERTSERVE_KERNELS_CUDA_GRAPH_CACHE_H_
 

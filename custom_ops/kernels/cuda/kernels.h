@@ -31,7 +31,7 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
 
 // Weight vectors a LayerNorm kernel asks L2 for before its launch-chain wait, for the kernels after it: biases,
 // gamma and beta are read once a forward, and the weights streamed between two of their reads evict them from L2,
-// so unasked each one's first read is a DRAM round trip on the forward's critical path (log, step 46). Up to
+// so unasked each one's first read is a DRAM round trip on the forward's critical path (commit 299059a). Up to
 // kVectors [ptr, ptr + bytes) ranges; a null ptr is skipped.
 struct L2Prefetch {
   static constexpr int kVectors = 4;
@@ -105,8 +105,8 @@ void LaunchRankerHead(const float* pooled, const T* pooler_bias, const T* classi
 
 // The pooler (tanh(first @ pooler_kernel + pooler_bias)) and LaunchRankerHead's head in one kernel, for one row
 // (PoolerHeadSupports: batch <= kPoolerHeadMaxBatch, hidden a multiple of 128 up to kPoolerHeadMaxHidden, one or
-// two labels); first [batch, hidden]. One cluster of 16 blocks, which the H100 and H200 run. At 4 and 8 rows it
-// was slower than the pooler GEMM and the head kernel (1.01-1.05x side by side), at 2 level (log, step 49).
+// two labels); first [batch, hidden]. One cluster of 16 blocks, which the H100 and H200 run. At 2 to 8 rows it
+// was no faster than the pooler GEMM and the head kernel (commit 3fbca00).
 constexpr int64_t kPoolerHeadMaxBatch = 1;
 constexpr int64_t kPoolerHeadMaxHidden = 768;
 bool PoolerHeadSupports(int64_t batch, int64_t hidden, int64_t num_labels);

@@ -1,7 +1,7 @@
 // The ranker's pooler and head in one kernel at batch 1 (LaunchPoolerHead in kernels.h). There the
-// pooler GEMM (cuBLASLt, a 768 x 768 weight matrix for one row) and the head after it were two dependent steps of
-// ~3-4 us each at the end of the forward, the GEMM outside the launch chain, its weights read from DRAM after the
-// last LayerNorm (log, step 49).
+// pooler GEMM (cuBLASLt, a 768 x 768 weight matrix for one row) and the head after it were two dependent steps at
+// the end of the forward, the GEMM outside the launch chain, its weights read from DRAM after the last LayerNorm
+// (commit 3fbca00).
 //
 // One cluster of kClusterBlocks blocks: block r owns hidden / kClusterBlocks of the pooler's output columns, each
 // warp 8 of them (one 16-byte load of each weight row), its lanes splitting k. Before the chain's wait every lane
@@ -20,7 +20,6 @@
 
 #include "custom_ops/kernels/cuda/common.cuh"
 #include "custom_ops/kernels/cuda/kernels.h"
-#include "custom_ops/kernels/cuda/step_trace.cuh"
 
 namespace bertserve {
 namespace cuda {
@@ -76,7 +75,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const float bias = __half2float(pooler_bias[column]);
   const float w0 = __half2float(classifier_kernel[column * num_labels]);
   const float w1 = __half2float(classifier_kernel[column * num_labels + num_labels - 1]);
-  BERTSERVE_JOIN_LAUNCH_CHAIN(kTraceHead, batch, hidden);
+  JoinLaunchChain();
 
   // The rows' first tokens, staged once: every warp reads all of them.
   __shared__ __align__(16) __half x[kPoolerHeadMaxBatch * kPoolerHeadMaxHidden];

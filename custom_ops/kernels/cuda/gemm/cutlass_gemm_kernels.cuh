@@ -6,8 +6,8 @@
 // Row-major Y[m, n] = X[m, k] @ W[k, n] is computed as the column-major Z = Y^T = W^T X^T, as on the cuBLASLt
 // path: CUTLASS's M is our n (features), its N our m (tokens); the bias runs along CUTLASS's rows
 // (LinCombPerRowBias), W^T is an M-major A operand, X^T a K-major B operand, Y a column-major D.
-#ifndef BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
-#define BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
+#ifndef BERTSERVE_KERNELS_CUDA_GEMM_CUTLASS_GEMM_KERNELS_CUH_
+#define BERTSERVE_KERNELS_CUDA_GEMM_CUTLASS_GEMM_KERNELS_CUH_
 
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +19,7 @@
 #include <vector>
 
 #include "custom_ops/kernels/cuda/common.cuh"
-#include "custom_ops/kernels/cuda/cutlass_gemm_runners.h"
-#include "custom_ops/kernels/cuda/step_trace.cuh"
+#include "custom_ops/kernels/cuda/gemm/cutlass_gemm_runners.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -92,7 +91,7 @@ const std::vector<Runner>& PartialsRunners();
 // A CUTLASS sm90 GEMM kernel whose blocks first ask L2 for the weights (the A operand, W^T), each block an even
 // share of them whatever tiles it then owns, and block 0 for the epilogue's bias, before the kernel's
 // programmatic-launch wait: neither depends on the kernel before, so their DRAM reads overlap it instead of
-// following it (a bias is read once a forward: unasked, the epilogue waits on DRAM; log, step 46). Only for
+// following it (a bias is read once a forward: unasked, the epilogue waits on DRAM; commit 299059a). Only for
 // launches in the chain (up to kChainMaxTokens rows); the bulk prefetches are issued by one thread and not waited
 // for.
 template <class Base>
@@ -146,10 +145,10 @@ struct WeightsBeforeWait : Base {
   static_assert(cute::size(typename Base::ClusterShape{}) == 1);
 
   // The producer warp's loads: weights, the wait (every lane), activations, then any k tiles past the stages.
-  template <class Pipeline, class State, class Inputs, class Coord, class KIterator, class AfterWait>
+  template <class Pipeline, class State, class Inputs, class Coord, class KIterator>
   CUTLASS_DEVICE static void Load(const typename Mainloop::Params& params, Pipeline& pipeline, State state,
                                   const Inputs& inputs, const Coord& block, KIterator k_tile, int k_tiles,
-                                  typename Mainloop::TensorStorage& storage, const AfterWait& after_wait) {
+                                  typename Mainloop::TensorStorage& storage) {
     using namespace cute;
     Tensor sA = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Mainloop::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Mainloop::SmemLayoutB{});
@@ -172,7 +171,6 @@ struct WeightsBeforeWait : Base {
     }
     __syncwarp();
     cutlass::arch::wait_on_dependent_grids();
-    after_wait();
     if (!leader) return;
     for (int i = 0; i < k_tiles; ++i, ++state, ++k_tile) {
       if (i >= early) {
@@ -192,17 +190,6 @@ struct WeightsBeforeWait : Base {
     const bool producer_group = cutlass::canonical_warp_group_idx() == 0;
     const bool loader = producer_group && warp % cutlass::NumWarpsPerWarpGroup == 0;
     const int group_thread = int(threadIdx.x) % cutlass::NumThreadsPerWarpGroup;
-#ifdef BERTSERVE_STEP_TRACE
-    const auto [trace_m, trace_n, trace_k, trace_l] = params.problem_shape;
-    StepTraceScope producer_trace(kTraceGemmProducer, trace_m, uint64_t(trace_k) * trace_l, threadIdx.x == 0);
-    StepTraceScope consumer_trace(kTraceGemmConsumer, trace_m, trace_n,
-                                  threadIdx.x == cutlass::NumThreadsPerWarpGroup);
-    const auto producer_waited = [&] { producer_trace.Waited(); };
-    const auto consumer_waited = [&] { consumer_trace.Waited(); };
-#else
-    const auto producer_waited = [] {};
-    const auto consumer_waited = [] {};
-#endif
     if (warp == 0 && elect_one_sync()) {
       Mainloop::prefetch_tma_descriptors(params.mainloop);
       Epilogue::prefetch_tma_descriptors(params.epilogue);
@@ -255,7 +242,7 @@ struct WeightsBeforeWait : Base {
     if (producer_group) {
       if (!loader) return;
       Load(params.mainloop, mainloop_pipeline, mainloop_producer_state, inputs, block, k_tile, k_tiles,
-           shared.tensors.mainloop, producer_waited);
+           shared.tensors.mainloop);
       mainloop_producer_state.advance(k_tiles);
       mainloop.load_tail(mainloop_pipeline, mainloop_producer_state);
       if (epilogue.is_producer_load_needed()) {
@@ -270,7 +257,6 @@ struct WeightsBeforeWait : Base {
     mainloop.mma(mainloop_pipeline, mainloop_consumer_state, accumulators, k_tiles, group_thread,
                  shared.tensors.mainloop, params.mainloop);
     mainloop.mma_tail(mainloop_pipeline, mainloop_consumer_state, k_tiles);
-    consumer_waited();
     cutlass::arch::launch_dependent_grids();
     auto [epi_load_next, epi_store_next] =
         epilogue.store(epi_load_pipeline, epi_load_consumer_state, epi_store_pipeline, epi_store_producer_state,
@@ -342,7 +328,7 @@ struct Kernel {
   // CUTLASS's initialize builds the kernel's parameters on the host: a TMA descriptor per operand, each through a
   // driver entry point looked up by name, and the kernel's shared-memory attribute. Eager callers (the TF op)
   // launch the same problems again and again, so the parameters are kept per problem and a launch of one seen
-  // before only launches (log, step 36).
+  // before only launches (commit 71510da).
   static cutlass::Status Run(const Problem& p, cudaStream_t stream) {
     static std::mutex mutex;
     static std::map<ProblemKey, typename Gemm::Params> launched;
@@ -368,9 +354,9 @@ struct Kernel {
 
 // The small tiles every table starts with (cutlass_gemm_runners.h: kSmallTile .. kBasicSmallTile): 64x64x64, and
 // 64 features x 32 tokens x 128 of k, which at 32 rows or fewer loads no padding tokens and makes half as many
-// pipeline steps (log, step 33); each as a persistent ping-pong kernel and as a non-persistent one (one consumer
+// pipeline steps (commit d366b8e); each as a persistent ping-pong kernel and as a non-persistent one (one consumer
 // warp group, no tile scheduler; its epilogue stores from registers where the fusion has no bias), whose chain
-// from launch to end is shorter at a few rows (log, step 44).
+// from launch to end is shorter at a few rows (commit 1570471).
 template <Fused F, class TileShape>
 using PingpongTileKernel = Kernel<F, TileShape, cute::Shape<cute::_1, cute::_1, cute::_1>, Pingpong, PingpongEpilogue>;
 template <Fused F, class TileShape>
@@ -396,9 +382,9 @@ std::vector<Runner> WithSmallTiles(std::initializer_list<Runner> others) {
 
 // The tile configurations of the GEMMs without GELU, CUTLASS M x N x K = features x tokens x k: the small tiles,
 // then the two others that beat or matched cuBLASLt somewhere from 32 to 736 tokens on the H200 once launched as
-// programmatic dependents (bench/gpu/gemm_probe.cu, log step 31), then the basic kernel with 80 and 96 tokens a
-// block, timed at any row count (at 704 tokens 12 x 9 blocks of 64x80 for a 768-wide output, near one wave; log,
-// step 48). Instantiated for the plain epilogues (cutlass_gemm_plain.cu) and for the k-split partial
+// programmatic dependents (bench/gpu/probes/gemm_probe.cu, commit 36bc021), then the basic kernel with 80 and 96
+// tokens a block, timed at any row count (at 704 tokens 12 x 9 blocks of 64x80 for a 768-wide output, near one
+// wave; commit af81f49). Instantiated for the plain epilogues (cutlass_gemm_plain.cu) and for the k-split partial
 // products (cutlass_gemm_partials.cu).
 template <Fused F>
 const std::vector<Runner>& PlainRunners() {
@@ -418,4 +404,4 @@ const std::vector<Runner>& PlainRunners() {
 }  // namespace cuda
 }  // namespace bertserve
 
-#endif  // BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_KERNELS_CUH_
+#endif  // BERTSERVE_KERNELS_CUDA_GEMM_CUTLASS_GEMM_KERNELS_CUH_

@@ -1,6 +1,7 @@
-// A C ABI over the CUDA core for drivers without TensorFlow (the GPU harness loads it with ctypes): a whole
-// ranker forward (embedding, encoder, first-token gather, pooler GEMM, tanh + classifier + sigmoid) on device
-// buffers owned by the caller, plus the padding ops. Every function returns 0 or 1 and leaves the message of a
+// A C ABI over the CUDA core for drivers without TensorFlow (the GPU harness, bench/gpu/core.py, loads it with
+// ctypes), a sibling of the TensorFlow adapter in custom_ops/tf/: a whole ranker forward (embedding, encoder,
+// first-token gather, pooler GEMM, tanh + classifier + sigmoid) on device buffers owned by the caller, the encoder
+// as the TF kernel runs it, and the padding ops. Every function returns 0 or 1 and leaves the message of a
 // failure in bertserve_cuda_last_error(). Nothing here synchronises with the device.
 #include <cuda_fp16.h>
 
@@ -14,7 +15,6 @@
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/graph_cache.h"
 #include "custom_ops/kernels/cuda/kernels.h"
-#include "custom_ops/kernels/cuda/step_trace.cuh"
 
 namespace bertserve {
 namespace cuda {
@@ -167,15 +167,6 @@ using bertserve::cuda::Ranker;
 extern "C" {
 
 const char* bertserve_cuda_last_error() { return bertserve::cuda::last_error.c_str(); }
-
-#ifdef BERTSERVE_STEP_TRACE
-// Diagnostic builds: the kernels in the launch chain record into `buffer` (step_trace.cuh); null stops them.
-int bertserve_cuda_step_trace(void* buffer) {
-  return bertserve::cuda::Guarded([&] {
-    for (auto* set : bertserve::cuda::StepTraceSetters()) set(static_cast<unsigned long long*>(buffer));
-  });
-}
-#endif
 
 // half: 1 for fp16 weights and activations, 0 for float32. weights: kNumWeights device pointers (see WeightIndex).
 // autotune, custom_gemms: GemmOptions (gemm.h). first_token_last_layer: 1 runs the encoder's last layer for each

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "custom_ops/kernels/cuda/cutlass_gemm_runners.h"
+#include "custom_ops/kernels/cuda/gemm/cutlass_gemm_runners.h"
 #include "custom_ops/kernels/cuda/gemm.h"
-#include "custom_ops/kernels/cuda/gemm_context.h"
-#include "custom_ops/kernels/cuda/gpu_timer.h"
+#include "custom_ops/kernels/cuda/gemm/gemm_context.h"
+#include "custom_ops/kernels/cuda/gemm/gpu_timer.h"
 
 namespace bertserve {
 namespace cuda {
@@ -31,9 +31,8 @@ Problem WithSplits(Problem p, int splits) {
 // Without timing (the TF op, which sees a new token count per batch): a small tile with k / n slices where
 // k > n, i.e. the FFN output (k = 4n), whose output tiles alone occupy n / 64 blocks; and where k = n (the attention
 // output) up to kSquareSplitMaxTokens rows, 3 slices of the narrow tile up to kNarrowTileMaxTokens rows and 4 of
-// the basic 64x64x64 tile above: what autotuning chose at 1, 8 and 32 rows (gpu_h200_bench_step50.json), at 64
-// rows (3 slices in three processes of four, 2 in one) and at 128 (4 slices of 64x64x64 in three of four, 2 of the
-// narrow tile in one; gpu_h200_encoder_graphs_untuned_wave_fill.jsonl's processes, log, step 51).
+// the basic 64x64x64 tile above: what autotuning chose at up to 128 rows in most processes (commits 8a6892a and
+// 8b4d31d).
 constexpr int64_t kSquareSplitMaxTokens = 128;
 
 KSplitPlan DefaultPlan(const Problem& p) {

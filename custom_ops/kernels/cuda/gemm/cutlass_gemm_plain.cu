@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
+#include "custom_ops/kernels/cuda/gemm/cutlass_gemm_kernels.cuh"
 
 namespace bertserve {
 namespace cuda {

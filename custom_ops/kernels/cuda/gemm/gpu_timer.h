@@ -1,8 +1,8 @@
 // Inside the CUDA core only: times work enqueued on a stream as the GPU sees it, for the GEMM autotuners (which
 // wait for the device, outside stream capture). The timed calls queue up behind a spin kernel, so the host's
 // launch cost does not show in the measurement (kRepeats calls of the slowest launcher enqueue well within it).
-#ifndef BERTSERVE_KERNELS_CUDA_GPU_TIMER_H_
-#define BERTSERVE_KERNELS_CUDA_GPU_TIMER_H_
+#ifndef BERTSERVE_KERNELS_CUDA_GEMM_GPU_TIMER_H_
+#define BERTSERVE_KERNELS_CUDA_GEMM_GPU_TIMER_H_
 
 #include <cuda_runtime.h>
 
@@ -82,4 +82,4 @@ class GpuTimer {
 }  // namespace cuda
 }  // namespace bertserve
 
-#endif  // BERTSERVE_KERNELS_CUDA_GPU_TIMER_H_
+#endif  // BERTSERVE_KERNELS_CUDA_GEMM_GPU_TIMER_H_

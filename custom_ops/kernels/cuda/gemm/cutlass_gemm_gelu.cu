@@ -2,8 +2,8 @@
 // (cutlass_gemm_kernels.cuh) for a few hundred tokens, wide cooperative and ping-pong tiles with 2-block clusters
 // for thousands (each ping-pong consumer warp group owns a tile, so one group's GELU epilogue overlaps the other's
 // main loop), and cooperative 256x96 and 256x80 tiles, near one wave on 132 SMs at ~1,000 and ~700 tokens (12 x 11
-// tiles at 1,024, 12 x 9 at 704; log, steps 39 and 48).
-#include "custom_ops/kernels/cuda/cutlass_gemm_kernels.cuh"
+// tiles at 1,024, 12 x 9 at 704; commits 97a13e2 and af81f49).
+#include "custom_ops/kernels/cuda/gemm/cutlass_gemm_kernels.cuh"
 
 namespace bertserve {
 namespace cuda {

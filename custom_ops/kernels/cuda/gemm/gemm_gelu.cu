@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "custom_ops/kernels/cuda/gemm.h"
-#include "custom_ops/kernels/cuda/gemm_context.h"
-#include "custom_ops/kernels/cuda/cutlass_gemm_runners.h"
-#include "custom_ops/kernels/cuda/gpu_timer.h"
+#include "custom_ops/kernels/cuda/gemm/gemm_context.h"
+#include "custom_ops/kernels/cuda/gemm/cutlass_gemm_runners.h"
+#include "custom_ops/kernels/cuda/gemm/gpu_timer.h"
 #include "custom_ops/kernels/cuda/kernels.h"
 
 namespace bertserve {
@@ -32,13 +32,11 @@ int RunnerNamed(const char* name) {
 
 // Without timing (the TF op, which sees a new token count per batch): what autotuning chose on the H200 for the
 // chit-chat FFN (n = 3072, k = 768). A small tile for a few hundred tokens (cutlass_gemm::SmallTileByDefault; up to
-// kNarrowTileMaxTokens the narrow ping-pong tile, chosen at 1, 8 and 32 rows once timed with the FFN-output GEMM
-// after it, gpu_h200_bench_step50.json, and at 64 in four processes, log, step 51). Below kWideTileMinTokens, the
-// widest tall tile whose blocks fill at least cutlass_gemm::kMinWaveFill of the waves they take (TallTilePlan), else
-// GEMM + pass; then 128x256, ping-pong 128x128 from 8,192, ping-pong 64x256 from 32,768. Step 50's run chose: GEMM +
-// pass at 512 rows (256x80 tiles would fill 64 % of a wave), 256x80 at 679 and 704 (82 %), 256x96 at 1,024 and 2,048
-// (one and two whole waves), 256x128 at 2,558 and 2,560 (91 % of two), 128x256 at 4,096, ping-pong 128x128 at
-// 8,192-16,384, ping-pong 64x256 from 41,300.
+// kNarrowTileMaxTokens the narrow ping-pong tile, chosen at up to 64 rows once timed with the FFN-output GEMM
+// after it; commits 060d068 and 8b4d31d). Below kWideTileMinTokens, the widest tall tile whose blocks fill at least
+// cutlass_gemm::kMinWaveFill of the waves they take (TallTilePlan), else GEMM + pass; then 128x256, ping-pong
+// 128x128 from 8,192, ping-pong 64x256 from 32,768. These rules give the autotuner's choice at every token bucket
+// it was timed at (commit 633f8a1).
 constexpr int64_t kWideTileMinTokens = 4096;
 
 int TallTilePlan(const Problem& p) {

@@ -1,9 +1,9 @@
 // GEMMs with a per-shape plan cache and optional autotuning: cuBLASLt, or for fp16 a CUTLASS kernel in the
 // programmatic launch chain where that is faster. See gemm.h.
 #include "custom_ops/kernels/cuda/gemm.h"
-#include "custom_ops/kernels/cuda/cutlass_gemm_runners.h"
-#include "custom_ops/kernels/cuda/gemm_context.h"
-#include "custom_ops/kernels/cuda/gpu_timer.h"
+#include "custom_ops/kernels/cuda/gemm/cutlass_gemm_runners.h"
+#include "custom_ops/kernels/cuda/gemm/gemm_context.h"
+#include "custom_ops/kernels/cuda/gemm/gpu_timer.h"
 
 #include <cublasLt.h>
 #include <cuda_fp16.h>

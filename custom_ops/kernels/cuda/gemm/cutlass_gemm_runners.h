@@ -6,9 +6,9 @@
 // the kernel after it launch once its main loop is done, and up to kChainMaxTokens rows it is launched with
 // programmatic stream serialization itself, so it is scheduled while the kernel before it drains and waits for it
 // before its first load. cuBLASLt's kernels cannot do that, which at a few hundred tokens or fewer is what makes
-// these win (log, step 31).
-#ifndef BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
-#define BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
+// these win (commit 36bc021).
+#ifndef BERTSERVE_KERNELS_CUDA_GEMM_CUTLASS_GEMM_RUNNERS_H_
+#define BERTSERVE_KERNELS_CUDA_GEMM_CUTLASS_GEMM_RUNNERS_H_
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,8 +22,8 @@ namespace bertserve {
 namespace cuda {
 namespace cutlass_gemm {
 
-// Above this many rows a kernel is launched without programmatic serialization: at 163k tokens the persistent
-// blocks launched early beside the kernel before them made the sustained forward ~4 % slower (log, step 31).
+// Above this many rows a kernel is launched without programmatic serialization: at large batch the persistent
+// blocks launched early beside the kernel before them made the sustained forward slower (commit e3c800a).
 constexpr int64_t kChainMaxTokens = 4096;
 
 // What the epilogue applies to the fp32 accumulators before the one rounding to fp16; kFp32Partials: nothing, and
@@ -61,14 +61,13 @@ constexpr int kBasicNarrowTile = 2;
 constexpr int kBasicSmallTile = 3;
 
 // Whether a shape nobody timed runs as a small-tile kernel rather than cuBLASLt: a few hundred rows or fewer,
-// and k <= n. On the H200 (log, step 31) it beat cuBLASLt there in the forward; with k = 4n (the FFN output) its
+// and k <= n. On the H200 (commit 36bc021) it beat cuBLASLt there in the forward; with k = 4n (the FFN output) its
 // n / 64 blocks each stream too much of the weights, and cuBLASLt's split-k kernels are faster.
 // Above kSmallGemmMaxTokens rows the autotuners time only the configurations marked Runner::timed_at_any_rows:
 // not the small tiles, nor the plain GEMMs' wider ping-pong and cooperative tiles, which timed back to back beat
-// cuBLASLt there and in the forward lost (batch 32 at U[8,32], 704 tokens: 0.285 ms with them, 0.270 without, side
-// by side; log, step 32). The plain GEMMs' basic tiles of 80 and 96 tokens are marked: at 704 tokens the autotuner
-// chose 64x80 for the attention output and batch 32 (U[8,32]) was 0.97x side by side, batch 8 0.96x with 64x96
-// for QKV at 192 rows (log, step 48); so are the GEMM + GELU's tiles other than the small ones.
+// cuBLASLt there and in the forward lost (commit 2fac7ed). The plain GEMMs' basic tiles of 80 and 96 tokens are
+// marked: the autotuner chose 64x80 for the attention output at 704 tokens and 64x96 for QKV at 192 rows, and the
+// forward was faster with them (commit af81f49); so are the GEMM + GELU's tiles other than the small ones.
 constexpr int64_t kSmallGemmMaxTokens = 256;
 inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTokens && p.k <= p.n; }
 
@@ -76,9 +75,8 @@ inline bool SmallTileByDefault(const Problem& p) { return p.m <= kSmallGemmMaxTo
 inline bool TimedAt(const Runner& runner, int64_t m) { return m <= kSmallGemmMaxTokens || runner.timed_at_any_rows; }
 
 // Which small tile a shape nobody timed runs as: the narrow one as a non-persistent kernel up to
-// kNarrowTileMaxTokens rows, where the autotuner chose it for nearly every GEMM of the chit-chat ranker (1, 8 and
-// 32 rows, five processes; log, step 44; the ping-pong narrow tile before it, step 33; at 64 rows, the last layer
-// at batch 64, for both k splits in four processes, log, step 51), the ping-pong 64x64x64 above.
+// kNarrowTileMaxTokens rows, where the autotuner chose it for nearly every GEMM of the chit-chat ranker (commits
+// 1570471 and 8b4d31d), the ping-pong 64x64x64 above.
 constexpr int64_t kNarrowTileMaxTokens = 64;
 inline int DefaultSmallTile(const Problem& p) {
   return p.m <= kNarrowTileMaxTokens ? kBasicNarrowTile : kSmallTile;
@@ -96,7 +94,7 @@ constexpr double kMinWaveFill = 0.8;
 // Which plain configuration (Fused::kNone or kBias) a shape nobody timed runs as, or -1 for cuBLASLt: the small
 // tiles where SmallTileByDefault, and for k <= n the basic 64x80x64 tile where its blocks make one wave at least
 // kMinWaveFill full: the autotuner chose it for the attention output at 679 and 704 rows (12 x 9 blocks of 132
-// SMs), cuBLASLt at 512 and 1,024 (84 and 156 blocks) and for the QKV GEMM (gpu_h200_bench_step50.json).
+// SMs), cuBLASLt at 512 and 1,024 (84 and 156 blocks) and for the QKV GEMM (commit 633f8a1).
 int DefaultPlainRunner(Fused fused, const Problem& p);
 
 // Whether CUTLASS's TMA can take these operands: n and k / k_splits multiples of 8, k_splits dividing k, every
@@ -107,4 +105,4 @@ bool Supports(const Problem& p);
 }  // namespace cuda
 }  // namespace bertserve
 
-#endif  // BERTSERVE_KERNELS_CUDA_CUTLASS_GEMM_RUNNERS_H_
+#endif  // BERTSERVE_KERNELS_CUDA_GEMM_CUTLASS_GEMM_RUNNERS_H_

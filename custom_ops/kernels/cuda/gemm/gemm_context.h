@@ -1,7 +1,7 @@
 // Inside the CUDA core only: what GemmBiasGelu (gemm_gelu.cu) and GemmKSplit (gemm_ksplit.cu) keep in the
 // GemmContext that gemm.cu owns.
-#ifndef BERTSERVE_KERNELS_CUDA_GEMM_CONTEXT_H_
-#define BERTSERVE_KERNELS_CUDA_GEMM_CONTEXT_H_
+#ifndef BERTSERVE_KERNELS_CUDA_GEMM_GEMM_CONTEXT_H_
+#define BERTSERVE_KERNELS_CUDA_GEMM_GEMM_CONTEXT_H_
 
 #include <cuda_runtime.h>
 
@@ -79,4 +79,4 @@ int SmCountOf(const GemmContext* context);
 }  // namespace cuda
 }  // namespace bertserve
 
-#endif  // BERTSERVE_KERNELS_CUDA_GEMM_CONTEXT_H_
+#endif  // BERTSERVE_KERNELS_CUDA_GEMM_GEMM_CONTEXT_H_
