@@ -1,4 +1,4 @@
-"""ctypes driver of the CUDA core's C ABI (custom_ops/kernels/cuda/ranker_c_api.cu), with torch owning every
+"""ctypes driver of the CUDA core's C ABI (custom_ops/c_api/ranker_c_api.cu), with torch owning every
 device buffer. One CudaRanker holds the weights, one workspace sized for the largest batch it will see, and
 CUDA graphs captured per (batch, token-count bucket): a graph for bucket N serves any batch of that size whose
 real token count is <= N, because the core treats packed rows past the real tokens as scratch."""

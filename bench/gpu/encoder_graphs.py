@@ -13,7 +13,8 @@ to host per call (each waited for, as one serving request is), back to back (the
 host's time in a call; launches, graphs, and graphs of autotuned plans, alternating in one process; and the GEMM
 plans of both rankers.
 
-Usage: python3 bench/gpu/encoder_graphs.py LIB.so --out FILE.json
+Usage (on the GPU machine, after `source gpu_rig/env.sh`):
+  python3 bench/gpu/encoder_graphs.py LIB.so [--out FILE.json (default bench/results/gpu_<gpu>_encoder_graphs.json)]
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
+import os
 import sys
 import time
 
 import numpy as np
 import torch
 
-import core
-import torch_models
-from run_bench import SEQ, WARMUP_S, chitchat_random, compare, environment
+from bertserve.bench.gpu import core, torch_models
+from bertserve.bench.gpu.harness import (RESULTS_DIR, SEQ, WARMUP_S, chitchat_random, compare, environment,
+                                         result_name)
 
 CHECK_BATCHES = (1, 3, 8, 32, 128, 1100)  # 1,100: cu_seqlens past the 1,000 indices one staging launch carries
 TIME_BATCHES = (1, 8, 16, 32, 64, 128)  # 1, the batch sizes serving_config's batcher pads to, and 128
@@ -176,7 +178,8 @@ def issue_us(call, calls: int) -> float:
 
 
 # (mode, graphs, autotuned): the TF kernel's launches before graphs, its graphs now (planned without autotuning),
-# and graphs of the harness's autotuned plans, which a serving op does not make (0.3-0.4 s a new bucket on the H200).
+# and graphs of the harness's autotuned plans, which a serving op does not make (a new bucket's autotuning takes a
+# large fraction of a second).
 MODES = (("eager", False, False), ("graphs", True, False), ("graphs_autotuned", True, True))
 
 
@@ -221,7 +224,7 @@ def timings(lib, config: dict, w32: dict[str, torch.Tensor], rng: np.random.Gene
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("lib")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="default: bench/results/gpu_<gpu>_encoder_graphs.json")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     lib = core.load_library(args.lib)
@@ -235,7 +238,7 @@ def main(argv: list[str]) -> int:
     ok &= threads["ok"]
     result = {"environment": environment(), "check_ok": ok, "check": check_rows, "threads": threads}
     result["timing"], result["gemm_plans"] = timings(lib, config, w32, rng, args.rounds)
-    with open(args.out, "w") as f:
+    with open(args.out or os.path.join(RESULTS_DIR, result_name("encoder_graphs")), "w") as f:
         json.dump(result, f, indent=1)
     return 0 if ok else 1
 

@@ -6,7 +6,8 @@ launched with the kernel that reads its output, on scratch; cuBLASLt only) and f
 encoder as the TF kernel runs it (eager, and captured then replayed from the core's graph cache), the untuned
 tiles of a few hundred to a few thousand tokens, and the padding ops.
 
-Usage: compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
+Usage (on the GPU machine, after `source gpu_rig/env.sh`):
+  compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/gpu/sanitize_core.py LIB.so
 """
 
 from __future__ import annotations
@@ -16,18 +17,20 @@ import sys
 import numpy as np
 import torch
 
-import core
-from run_bench import config_dict, weights_mod, check_padding_ops
+from bertserve.bench.gpu import core
+from bertserve.bench.gpu.correctness import check_padding_ops
+from bertserve.bench.gpu.harness import config_dict
+from bertserve.export.weights import BertConfig, BertWeights
 
 
 def check_wave_fill_tiles(lib) -> None:
-    """The untuned rules above 256 rows pick tiles by how full their waves are (gemm_gelu.cu's DefaultPlan,
-    cutlass_gemm_plain.cu's DefaultPlainRunner): at the chit-chat widths, 704, 1,216 and 2,048 tokens take the
+    """The untuned rules above 256 rows pick tiles by how full their waves are (gemm/gemm_gelu.cu's DefaultPlan,
+    gemm/cutlass_gemm_plain.cu's DefaultPlainRunner): at the chit-chat widths, 704, 1,216 and 2,048 tokens take the
     basic 64x80 attention output and the 256x80, 256x128 and 256x96 GEMM + GELU tiles (in layer 0; the last layer
     runs on first tokens)."""
-    config = weights_mod.BertConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
+    config = BertConfig(vocab_size=1000, hidden_size=768, num_hidden_layers=2, num_attention_heads=12,
                                     intermediate_size=3072, max_position_embeddings=64)
-    w = {k: torch.as_tensor(v).cuda() for k, v in weights_mod.BertWeights.random(config, seed=1).items()}
+    w = {k: torch.as_tensor(v).cuda() for k, v in BertWeights.random(config, seed=1).items()}
     rng = np.random.default_rng(1)
     for batch, length in ((32, 22), (38, 32), (64, 32)):
         lengths = np.full(batch, length, np.int32)
@@ -42,11 +45,11 @@ def check_wave_fill_tiles(lib) -> None:
 
 def main(argv: list[str]) -> int:
     lib = core.load_library(argv[0])
-    config = weights_mod.BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=2, num_attention_heads=6,
+    config = BertConfig(vocab_size=1000, hidden_size=384, num_hidden_layers=2, num_attention_heads=6,
                                     intermediate_size=768, max_position_embeddings=256)
     for heads in (6, 12):  # head sizes 64 and 32
         cfg = config_dict(config) | {"num_attention_heads": heads}
-        w = {k: torch.as_tensor(v).cuda() for k, v in weights_mod.BertWeights.random(config, seed=heads).items()}
+        w = {k: torch.as_tensor(v).cuda() for k, v in BertWeights.random(config, seed=heads).items()}
         rng = np.random.default_rng(heads)
         # One row and two rows (8 rows come with the mixed batches): the first-token layer's fewest rows.
         for seq, lengths in ((32, np.array([13], np.int32)), (32, np.array([7, 20], np.int32)), (32, None), (64, None),

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from core import CudaRanker
+from bertserve.bench.gpu.core import CudaRanker
 
 
 @dataclasses.dataclass(frozen=True)

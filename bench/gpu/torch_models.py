@@ -1,7 +1,7 @@
 """PyTorch models of the GPU harness: the float32 reference the core is checked against (padded and masked, so
 padded keys get exactly zero probability; TF32 off), the Hugging Face model that cross-checks that reference,
-and the fp16 baselines the core is timed against (HF BertForSequenceClassification with SDPA attention, and the
-hand-written SDPA ranker of ../shared/reference/gpu_torch_baseline.py)."""
+and the fp16 baselines the core is timed against (HF BertForSequenceClassification with SDPA attention, and a
+hand-written SDPA ranker, HandRanker)."""
 
 from __future__ import annotations
 

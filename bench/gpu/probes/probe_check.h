@@ -1,7 +1,7 @@
 // What the GPU probes share: the error check (a failed CUDA call prints where and why, and ends the probe), operands
 // filled with small pseudo-random fp16 values, a graph's replay time, and launches with attributes.
-#ifndef BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
-#define BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
+#ifndef BERTSERVE_BENCH_GPU_PROBES_PROBE_CHECK_H_
+#define BERTSERVE_BENCH_GPU_PROBES_PROBE_CHECK_H_
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -103,4 +103,4 @@ void LaunchWith(std::vector<cudaLaunchAttribute> list, void (*kernel)(KernelArgs
   CK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
-#endif  // BERTSERVE_BENCH_GPU_PROBE_CHECK_H_
+#endif  // BERTSERVE_BENCH_GPU_PROBES_PROBE_CHECK_H_

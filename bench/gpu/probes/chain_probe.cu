@@ -5,7 +5,7 @@
 // and writing its own: the traffic of a LayerNorm at 32 tokens) three ways; each launched in stream order or as a
 // programmatic dependent (griddepcontrol.wait, then launch_dependents at once, as the core's kernels, or last).
 // Prints one JSON line per variant.
-//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. bench/gpu/chain_probe.cu -o chain_probe
+//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. bench/gpu/probes/chain_probe.cu -o chain_probe
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -13,7 +13,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "bench/gpu/probe_check.h"
+#include "bench/gpu/probes/probe_check.h"
 
 namespace {
 

@@ -6,14 +6,15 @@
 // (tokens, variant).
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 \
 //     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED --expt-relaxed-constexpr -I. -I$CUTLASS/include \
-//     -I$CUTLASS/tools/util/include -I$CUBLAS/include bench/gpu/gelu_probe.cu -L$CUBLAS/lib -lcublasLt -o gelu_probe
+//     -I$CUTLASS/tools/util/include -I$CUBLAS/include bench/gpu/probes/gelu_probe.cu -L$CUBLAS/lib -lcublasLt \
+//     -o gelu_probe
 #include <cuda_fp16.h>
 
 #include <cstdio>
 #include <vector>
 
-#include "bench/gpu/probe_check.h"
-#include "bench/gpu/probe_cublas.h"
+#include "bench/gpu/probes/probe_check.h"
+#include "bench/gpu/probes/probe_cublas.h"
 #include "custom_ops/kernels/cuda/gemm/cutlass_gemm_kernels.cuh"
 
 namespace gelu_probe {

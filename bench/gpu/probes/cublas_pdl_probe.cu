@@ -10,7 +10,7 @@
 // as programmatic dependents of the GEMMs, with the writer -> GEMM edges as captured and made programmatic.
 // Prints one JSON line per (shape, variant).
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. -I$CUBLAS/include \
-//     bench/gpu/cublas_pdl_probe.cu -L$CUBLAS/lib -lcublasLt -o cublas_pdl_probe
+//     bench/gpu/probes/cublas_pdl_probe.cu -L$CUBLAS/lib -lcublasLt -o cublas_pdl_probe
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -18,8 +18,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "bench/gpu/probe_check.h"
-#include "bench/gpu/probe_cublas.h"
+#include "bench/gpu/probes/probe_check.h"
+#include "bench/gpu/probes/probe_cublas.h"
 
 namespace {
 

@@ -6,8 +6,8 @@ launch work is in the time).
 Separate processes because a build's first timings depend on what ran before it in the process (clocks, caches,
 plans), and because alternating spreads the machine's drift over every build alike.
 
-Usage (on the GPU machine, from the repository root):
-  python3 bench/gpu/side_by_side.py NAME=LIB [NAME=LIB ...] [--rows U8_32:1,all32:1,...] [--repeat 2] [--eager]
+Usage (on the GPU machine, from the repository root, after `source gpu_rig/env.sh`):
+  python3 bench/gpu/probes/side_by_side.py NAME=LIB [NAME=LIB ...] [--rows U8_32:1,all32:1,...] [--repeat 2] [--eager]
                                     [--out F]
 Writes one JSON line per (build, process, row) to F (default: stdout only).
 """
@@ -23,8 +23,7 @@ import sys
 import numpy as np
 import torch
 
-import run_bench as rb
-import core
+from bertserve.bench.gpu import core, harness
 
 DEFAULT_ROWS = "U8_32:1,all32:1,U8_32:8,U8_32:32,all32:32,U8_32:128"
 ROUNDS = 3
@@ -33,25 +32,26 @@ ROUNDS = 3
 def eager_ms(ranker: core.CudaRanker, ids: torch.Tensor, seg: torch.Tensor, lengths: np.ndarray) -> float:
     """Median time of one forward launched eagerly over the token bucket (its GEMMs planned by a graph before)."""
     bucket = ranker.token_bucket(ranker.stage(ids, seg, lengths))
-    return rb.median_ms(lambda: ranker.launch(ids.shape[0], bucket))
+    return harness.median_ms(lambda: ranker.launch(ids.shape[0], bucket))
 
 
 def time_build(lib_path: str, rows: list[tuple[str, int]], eager: bool) -> list[dict]:
     """Best and worst of ROUNDS graph-replay medians per row (and eager-launch medians), rows interleaved round by
     round."""
-    cfg, w32 = rb.chitchat_random()
-    ranker = core.CudaRanker(core.load_library(lib_path), cfg, w32, torch.float16, max(b for _, b in rows), rb.SEQ)
+    cfg, w32 = harness.chitchat_random()
+    ranker = core.CudaRanker(core.load_library(lib_path), cfg, w32, torch.float16, max(b for _, b in rows),
+                             harness.SEQ)
     rng = np.random.default_rng(7)  # the same lengths and ids for every build
     inputs = []
     for dist, batch in rows:
-        lengths = rb.lengths_for(dist, batch, rng)
-        ids = torch.randint(1000, cfg["vocab_size"], (batch, rb.SEQ), dtype=torch.int32, device="cuda")
+        lengths = harness.lengths_for(dist, batch, rng)
+        ids = torch.randint(1000, cfg["vocab_size"], (batch, harness.SEQ), dtype=torch.int32, device="cuda")
         inputs.append((dist, batch, ids, torch.zeros_like(ids), lengths))
     times: dict[int, list[float]] = {}
     eager_times: dict[int, list[float]] = {}
     for _ in range(ROUNDS):
         for i, (_, _, ids, seg, lengths) in enumerate(inputs):
-            times.setdefault(i, []).append(rb.graph_replay_ms(ranker, ids, seg, lengths))
+            times.setdefault(i, []).append(harness.graph_replay_ms(ranker, ids, seg, lengths))
             if eager:
                 eager_times.setdefault(i, []).append(eager_ms(ranker, ids, seg, lengths))
     out = []
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    rows = rb.parse_rows(args.rows)
+    rows = harness.parse_rows(args.rows)
     if args.worker:
         print(json.dumps(time_build(args.builds[0].split("=", 1)[1], rows, args.eager)))
         return 0
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
                 lines.append(line)
                 print(json.dumps({k: v for k, v in line.items() if k != "gemm_plans"}), flush=True)
     if args.out:
-        rb.write_jsonl(args.out, ROUNDS, lines)
+        harness.write_jsonl(args.out, ROUNDS, lines)
     return 0
 
 

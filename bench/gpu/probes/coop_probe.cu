@@ -1,6 +1,6 @@
 // Probe: can a cooperative kernel (every block resident at once, so grid-wide barriers are safe) also be a
 // programmatic dependent launch inside a captured graph, and what does a grid barrier cost there? The first-token
-// tail kernel of log step 50 rests on both.
+// tail kernel tried in commit e108f22 (reverted) rested on both.
 //
 // A producer kernel (8 blocks, the launch chain's wait and trigger, then a short spin and an increment of X)
 // alternates 20 times in one graph with a consumer of 128 blocks of 256 threads and 90 KB of shared memory each
@@ -8,13 +8,13 @@
 // programmatic attribute, and with 0 or 3 grid barriers (each block writes a value after its wait, reads a
 // neighbour's after the barrier). Correctness: after one replay the last consumer's outputs match X as the 20
 // producers left it. Timing: the best of 30 replays, per producer + consumer pair. Prints one JSON line per variant.
-//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. bench/gpu/coop_probe.cu -o coop_probe
+//   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -I. bench/gpu/probes/coop_probe.cu -o coop_probe
 #include <cooperative_groups.h>
 
 #include <cstdio>
 #include <vector>
 
-#include "bench/gpu/probe_check.h"
+#include "bench/gpu/probes/probe_check.h"
 
 namespace cg = cooperative_groups;
 

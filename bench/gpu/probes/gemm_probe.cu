@@ -5,7 +5,8 @@
 // tiles with the tokens in CUTLASS's M. Prints one JSON line per (tokens, GEMM, variant).
 //   nvcc -std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a -DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 \
 //     -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED --expt-relaxed-constexpr -I. -I$CUTLASS/include \
-//     -I$CUTLASS/tools/util/include -I$CUBLAS/include bench/gpu/gemm_probe.cu -L$CUBLAS/lib -lcublasLt -o gemm_probe
+//     -I$CUTLASS/tools/util/include -I$CUBLAS/include bench/gpu/probes/gemm_probe.cu -L$CUBLAS/lib -lcublasLt \
+//     -o gemm_probe
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -14,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "bench/gpu/probe_check.h"
-#include "bench/gpu/probe_cublas.h"
+#include "bench/gpu/probes/probe_check.h"
+#include "bench/gpu/probes/probe_cublas.h"
 #include "custom_ops/kernels/cuda/gemm/cutlass_gemm_kernels.cuh"
 
 namespace gemm_probe {

@@ -6,8 +6,8 @@ on one stream, which shows what running K smaller forwards costs without the ove
 At a few hundred to a thousand tokens each GEMM of a forward fills the GPU for only a few microseconds between
 its launch, pipeline fill and epilogue; another forward's kernels could fill those gaps.
 
-Usage (on the GPU machine, from the repository root):
-  python3 bench/gpu/split_probe.py LIB [--rows U8_32:8,U8_32:32,all32:32,U8_32:128] [--parts 2,3] [--out F]
+Usage (on the GPU machine, from the repository root, after `source gpu_rig/env.sh`):
+  python3 bench/gpu/probes/split_probe.py LIB [--rows U8_32:8,U8_32:32,all32:32,U8_32:128] [--parts 2,3] [--out F]
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import sys
 import numpy as np
 import torch
 
-import core
-import run_bench as rb
+from bertserve.bench.gpu import core, harness
 
 ROUNDS = 3
 
@@ -80,7 +79,7 @@ def time_row(whole: core.CudaRanker, split_rankers: dict[int, list[core.CudaRank
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(ROUNDS):
         for name, replay in variants.items():
-            times[name].append(rb.median_ms(replay))
+            times[name].append(harness.median_ms(replay))
     whole.graphs.clear()
     return {**{name: round(min(t), 4) for name, t in times.items()}, "split_vs_whole_max_abs": worst}
 
@@ -92,28 +91,28 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--parts", default="2,3")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    rows = rb.parse_rows(args.rows)
+    rows = harness.parse_rows(args.rows)
     parts_list = [int(p) for p in args.parts.split(",")]
     lib = core.load_library(args.lib)
-    cfg, w32 = rb.chitchat_random()
+    cfg, w32 = harness.chitchat_random()
     max_batch = max(b for _, b in rows)
     def ranker() -> core.CudaRanker:
-        return core.CudaRanker(lib, cfg, w32, torch.float16, max_batch, rb.SEQ)
+        return core.CudaRanker(lib, cfg, w32, torch.float16, max_batch, harness.SEQ)
 
     whole = ranker()
     split_rankers = {parts: [ranker() for _ in range(parts)] for parts in parts_list}
     rng = np.random.default_rng(7)
     out = []
     for dist, batch in rows:
-        lengths = rb.lengths_for(dist, batch, rng)
-        ids = torch.randint(1000, cfg["vocab_size"], (batch, rb.SEQ), dtype=torch.int32, device="cuda")
+        lengths = harness.lengths_for(dist, batch, rng)
+        ids = torch.randint(1000, cfg["vocab_size"], (batch, harness.SEQ), dtype=torch.int32, device="cuda")
         seg = torch.zeros_like(ids)
         tokens = int(lengths.sum())
         row = {"dist": dist, "batch": batch, "tokens": tokens, **time_row(whole, split_rankers, ids, seg, lengths)}
         out.append(row)
         print(json.dumps(row), flush=True)
     if args.out:
-        rb.write_jsonl(args.out, ROUNDS, out)
+        harness.write_jsonl(args.out, ROUNDS, out)
     for r in [whole] + [r for rankers in split_rankers.values() for r in rankers]:
         r.close()
     return 0

@@ -1,8 +1,8 @@
 // What the probes that time cuBLASLt share: Y[t, n] = X[t, k] @ W[k, n] planned as the core plans it
 // (column-major Z = W^T X^T; fp16 in and out, fp32 compute), with cuBLASLt's bias epilogue when given a bias, and
 // the heuristic's candidate algorithms for it.
-#ifndef BERTSERVE_BENCH_GPU_PROBE_CUBLAS_H_
-#define BERTSERVE_BENCH_GPU_PROBE_CUBLAS_H_
+#ifndef BERTSERVE_BENCH_GPU_PROBES_PROBE_CUBLAS_H_
+#define BERTSERVE_BENCH_GPU_PROBES_PROBE_CUBLAS_H_
 
 #include <cublasLt.h>
 #include <cuda_fp16.h>
@@ -64,4 +64,4 @@ inline void DestroyCublasGemm(CublasGemm& g) {
   cublasLtMatmulDescDestroy(g.desc);
 }
 
-#endif  // BERTSERVE_BENCH_GPU_PROBE_CUBLAS_H_
+#endif  // BERTSERVE_BENCH_GPU_PROBES_PROBE_CUBLAS_H_
