@@ -38,8 +38,9 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from bertserve.bench.machine import machine
 from bertserve.client.server_process import batch_size_totals, launch
 from bertserve.export.graph import build_ranker_module
-from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
+from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
+from bertserve.model_dir import TokenizerSettings
 from bertserve.server.batcher import BatchScheduler, wait_for
 from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH, BatchingOptions
 from bertserve.server.metrics import ServerMetrics

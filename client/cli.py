@@ -13,9 +13,10 @@ from typing import Callable, Sequence
 from bertserve.client.errors import ServingError
 from bertserve.client.padding import PADDING_MODES
 from bertserve.client.pairs import LENGTHS, read_lengths
-from bertserve.client.protocol import DEFAULT_SIGNATURE, ModelSpec
+from bertserve.client.protocol import ModelSpec
 from bertserve.client.retry import RetryPolicy
-from bertserve.client.tokenization import DEFAULT_MAX_LEN, PairTokenizer
+from bertserve.client.tokenization import PairTokenizer
+from bertserve.model_dir import DEFAULT_MAX_LEN, SIGNATURE_NAME
 
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, TimeoutError, RuntimeError)
 
@@ -37,7 +38,7 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
                         help="host:port of the gRPC port (REST port with --rest); several comma-separated are "
                              "used round robin")
     parser.add_argument("--model", required=True, help="model name as in the server's model config")
-    parser.add_argument("--signature", default=DEFAULT_SIGNATURE)
+    parser.add_argument("--signature", default=SIGNATURE_NAME)
     version = parser.add_mutually_exclusive_group()
     version.add_argument("--version", type=int, help="a version number (default: the latest)")
     version.add_argument("--label", help="a version label, e.g. stable or canary")
@@ -281,7 +282,7 @@ def tune_main(argv: Sequence[str]) -> int:
                                                  "keep the one with the highest QPS within the P99 SLO.")
     parser.add_argument("--model_config_file", required=True, help="the ModelServerConfig the server is started with")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--signature", default=DEFAULT_SIGNATURE)
+    parser.add_argument("--signature", default=SIGNATURE_NAME)
     parser.add_argument("--timeout", type=float, default=5.0)
     parser.set_defaults(version=None, label=None)
     _add_tokenizer_args(parser, required=False)

@@ -18,6 +18,7 @@ from typing import Literal, Sequence
 import numpy as np
 
 from bertserve.client.tokenization import EncodedPairs
+from bertserve.model_dir import INPUT_NAMES
 
 PaddingMode = Literal["fixed", "bucketed"]
 PADDING_MODES: tuple[str, ...] = ("fixed", "bucketed")
@@ -37,7 +38,7 @@ class PaddedBatch:
         return int(self.input_ids.shape[0])
 
     def as_inputs(self) -> dict[str, np.ndarray]:
-        return {"input_ids": self.input_ids, "input_mask": self.input_mask, "segment_ids": self.segment_ids}
+        return dict(zip(INPUT_NAMES, (self.input_ids, self.input_mask, self.segment_ids)))
 
 
 def padded_length(longest: int, max_len: int, mode: PaddingMode,

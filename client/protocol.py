@@ -9,9 +9,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2
 
 from bertserve.client.padding import PaddedBatch
-
-SCORES_OUTPUT = "scores"
-DEFAULT_SIGNATURE = "serving_default"
+from bertserve.model_dir import OUTPUT_NAME, SIGNATURE_NAME
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +17,7 @@ class ModelSpec:
     """Which servable answers: a model name plus at most one of a version number or a version label."""
 
     name: str
-    signature_name: str = DEFAULT_SIGNATURE
+    signature_name: str = SIGNATURE_NAME
     version: int | None = None
     version_label: str | None = None
 
@@ -39,7 +37,7 @@ class ModelSpec:
         return path
 
 
-def grpc_request(batch: PaddedBatch, spec: ModelSpec, output: str = SCORES_OUTPUT) -> predict_pb2.PredictRequest:
+def grpc_request(batch: PaddedBatch, spec: ModelSpec, output: str = OUTPUT_NAME) -> predict_pb2.PredictRequest:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = spec.name
     request.model_spec.signature_name = spec.signature_name
@@ -53,7 +51,7 @@ def grpc_request(batch: PaddedBatch, spec: ModelSpec, output: str = SCORES_OUTPU
     return request
 
 
-def grpc_scores(response: predict_pb2.PredictResponse, output: str = SCORES_OUTPUT) -> np.ndarray:
+def grpc_scores(response: predict_pb2.PredictResponse, output: str = OUTPUT_NAME) -> np.ndarray:
     if output not in response.outputs:
         raise ValueError(f"response has no output {output!r} (got: {', '.join(response.outputs) or 'none'})")
     return tf.make_ndarray(response.outputs[output]).reshape(-1)
@@ -65,7 +63,7 @@ def rest_body(batch: PaddedBatch, spec: ModelSpec) -> dict:
             "inputs": {name: array.tolist() for name, array in batch.as_inputs().items()}}
 
 
-def rest_scores(body: dict, output: str = SCORES_OUTPUT) -> np.ndarray:
+def rest_scores(body: dict, output: str = OUTPUT_NAME) -> np.ndarray:
     """Columnar responses carry a bare list for a one-output signature and a dict for several."""
     if "outputs" not in body:
         raise ValueError(f"REST response has no 'outputs' (keys: {', '.join(body) or 'none'})")

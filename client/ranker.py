@@ -14,11 +14,12 @@ from typing import Sequence
 import numpy as np
 
 from bertserve.client.padding import DEFAULT_BUCKETS, PaddedBatch, PaddingMode, pad
-from bertserve.client.protocol import DEFAULT_SIGNATURE, ModelSpec
+from bertserve.client.protocol import ModelSpec
 from bertserve.client.retry import RetryPolicy, acall_with_retries, call_with_retries
 from bertserve.client.tokenization import EncodedPairs, PairTokenizer, TruncationStats
 from bertserve.client.transport import (DEFAULT_CHANNEL_OPTIONS, AsyncGrpcTransport, GrpcTransport, RestTransport,
                                         Transport)
+from bertserve.model_dir import SIGNATURE_NAME
 
 TRANSPORTS = ("grpc", "rest")
 
@@ -33,7 +34,7 @@ class RankedReply:
 class ClientOptions:
     """Everything about how requests are made, in one place (the CLI builds one from its flags)."""
 
-    signature: str = DEFAULT_SIGNATURE
+    signature: str = SIGNATURE_NAME
     version: int | None = None
     version_label: str | None = None
     timeout_s: float = 5.0

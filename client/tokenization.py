@@ -8,48 +8,14 @@ ranker judges every reply against: the reply loses tokens first, the query only 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Sequence
 
 from tokenizers import BertWordPieceTokenizer
 
-TOKENIZER_JSON = "bertserve_tokenizer.json"
-ASSETS_EXTRA = "assets.extra"
-DEFAULT_MAX_LEN = 32
+from bertserve.model_dir import DEFAULT_MAX_LEN, TokenizerSettings
+
 SPECIAL_TOKENS_PER_PAIR = 3  # [CLS] ... [SEP] ... [SEP]
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenizerSettings:
-    """What the export writes to assets.extra/bertserve_tokenizer.json, with vocab_file resolved to a path."""
-
-    vocab_file: str
-    do_lower_case: bool = True
-    max_seq_length: int = DEFAULT_MAX_LEN
-    tokenize_chinese_chars: bool = True
-
-    @classmethod
-    def from_json(cls, path: str) -> "TokenizerSettings":
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-        if "vocab_file" not in raw:
-            raise ValueError(f"{path}: missing 'vocab_file'")
-        vocab = raw["vocab_file"]
-        if not os.path.isabs(vocab):
-            vocab = os.path.join(os.path.dirname(os.path.abspath(path)), vocab)
-        return cls(vocab_file=vocab, do_lower_case=bool(raw.get("do_lower_case", True)),
-                   max_seq_length=int(raw.get("max_seq_length", DEFAULT_MAX_LEN)),
-                   tokenize_chinese_chars=bool(raw.get("tokenize_chinese_chars", True)))
-
-    @classmethod
-    def from_model_dir(cls, path: str) -> "TokenizerSettings":
-        """Accepts a model version dir (<base>/<model>/<version>), its assets.extra/, or the JSON file itself."""
-        candidates = [path, os.path.join(path, TOKENIZER_JSON), os.path.join(path, ASSETS_EXTRA, TOKENIZER_JSON)]
-        for candidate in candidates:
-            if os.path.isfile(candidate):
-                return cls.from_json(candidate)
-        raise FileNotFoundError(f"no {TOKENIZER_JSON} under {path} (looked in: {', '.join(candidates[1:])})")
 
 
 @dataclasses.dataclass

@@ -17,8 +17,7 @@ from tqdm import tqdm
 from bertserve.export import loaders
 from bertserve.export.graph import PRECISIONS, VARIANTS
 from bertserve.export.weights import BertWeights
-
-DEFAULT_MAX_SEQ_LENGTH = 32
+from bertserve.model_dir import DEFAULT_MAX_LEN, TokenizerSettings
 
 
 def _bool(text: str) -> bool:
@@ -42,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--onnx", action="store_true", help="also write the stock fp32 graph as ONNX")
     parser.add_argument("--validate", action="store_true",
                         help="compare the exported files with the float64 reference; fail beyond tolerance")
-    parser.add_argument("--max_seq_length", type=int, default=DEFAULT_MAX_SEQ_LENGTH,
+    parser.add_argument("--max_seq_length", type=int, default=DEFAULT_MAX_LEN,
                         help="padded length clients send; used for warmup requests and the tokenizer settings")
     parser.add_argument("--vocab", help="vocab.txt (default: the one next to SRC)")
     parser.add_argument("--do_lower_case", type=_bool,
@@ -57,10 +56,8 @@ def _source_dir(src: str) -> str:
     return src if os.path.isdir(src) else os.path.dirname(src)
 
 
-def tokenizer_settings(args: argparse.Namespace):
+def tokenizer_settings(args: argparse.Namespace) -> TokenizerSettings:
     """Vocabulary and lower-casing from the flags, else from the files next to SRC."""
-    from bertserve.export.saved import TokenizerSettings
-
     vocab = args.vocab or os.path.join(_source_dir(args.src), "vocab.txt")
     if not os.path.isfile(vocab):
         raise FileNotFoundError(f"no vocabulary: {vocab} does not exist (pass --vocab PATH)")

@@ -20,8 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from bertserve.export import fp16, stock
-from bertserve.export.signature import INPUT_SIGNATURE, OUTPUT_NAME
+from bertserve.export.signature import INPUT_SIGNATURE
 from bertserve.export.weights import BertWeights
+from bertserve.model_dir import OUTPUT_NAME
 
 VARIANTS = ("fused", "stock")
 PRECISIONS = ("fp32", "fp16")

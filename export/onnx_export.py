@@ -28,9 +28,10 @@ from onnx import numpy_helper
 
 from bertserve.export import stock
 from bertserve.export.samples import mixed_length_inputs
-from bertserve.export.signature import INPUT_NAMES, INPUT_SIGNATURE, OUTPUT_NAME
+from bertserve.export.signature import INPUT_SIGNATURE
 from bertserve.export.validate import ValidationError
 from bertserve.export.weights import LAYER_ARRAY_NAMES, BertWeights
+from bertserve.model_dir import INPUT_NAMES, OUTPUT_NAME
 
 ONNX_OPSET = 17
 CHECK_ROWS, CHECK_SEQ_LENGTH, CHECK_TOLERANCE = 4, 16, 1e-5
@@ -117,6 +118,6 @@ class OnnxRanker:
         self.session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
     def scores(self, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
-        feeds = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
-        (scores,) = self.session.run([OUTPUT_NAME], {k: np.asarray(v, np.int32) for k, v in feeds.items()})
+        feeds = zip(INPUT_NAMES, (input_ids, input_mask, segment_ids))
+        (scores,) = self.session.run([OUTPUT_NAME], {k: np.asarray(v, np.int32) for k, v in feeds})
         return scores

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bertserve.export.weights import BertConfig
+from bertserve.model_dir import INPUT_NAMES
 
 FIRST_ORDINARY_TOKEN = 1000  # BERT vocabularies keep [PAD]/[unused*]/[CLS]/[SEP]/[MASK] below this id
 
@@ -25,4 +26,4 @@ def mixed_length_inputs(config: BertConfig, batch_size: int, seq_length: int,
     ids = rng.integers(low, config.vocab_size, size=(batch_size, seq_length)).astype(np.int32) * mask
     two_segments = config.type_vocab_size > 1
     segments = ((positions >= (lengths[:, None] + 1) // 2) & two_segments).astype(np.int32) * mask
-    return {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
+    return dict(zip(INPUT_NAMES, (ids, mask, segments)))

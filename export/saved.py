@@ -1,14 +1,8 @@
 """Writes one TF Serving model version: <base>/<model>/<version>/ = SavedModel + assets.extra/.
 
-    <version>/saved_model.pb, variables/          signature `serving_default` (see signature.py)
-    <version>/assets.extra/tf_serving_warmup_requests
-                                                   TFRecord of PredictionLog(predict_log.request) for a few batch
-                                                   sizes at max_seq_length, so TF Serving runs every shape once
-                                                   at load time and the first real request is not slow
-    <version>/assets.extra/vocab.txt               the WordPiece vocabulary the model was trained with
-    <version>/assets.extra/bertserve_tokenizer.json
-        {"vocab_file": "vocab.txt", "do_lower_case": bool, "max_seq_length": int,
-         "tokenize_chinese_chars": true, "vocab_size": int}   (vocab_size: rows of the word embedding table)
+The folder's layout, file names and tokenizer JSON are the contract in bertserve/model_dir.py. The warmup file holds
+PredictionLog(predict_log.request) records for a few batch sizes at max_seq_length, so TF Serving runs every shape
+once at load time and the first real request is not slow.
 
 The version is written under a hidden sibling directory and renamed into place, so a server polling <base>/<model>
 never sees a half-written version.
@@ -16,8 +10,6 @@ never sees a half-written version.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import shutil
 import tempfile
@@ -27,30 +19,13 @@ from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
 from bertserve.export.graph import RankerModule
 from bertserve.export.samples import mixed_length_inputs
-from bertserve.export.signature import SIGNATURE_NAME
 from bertserve.export.weights import BertConfig
+from bertserve.model_dir import SIGNATURE_NAME, TokenizerSettings, warmup_path
 
-ASSETS_EXTRA = "assets.extra"
-WARMUP_FILE = "tf_serving_warmup_requests"
-TOKENIZER_FILE = "bertserve_tokenizer.json"
-VOCAB_FILE = "vocab.txt"
 # One request alone, then every allowed_batch_sizes entry of serving_config/batching_parameters.txt: the batcher pads
 # a batch to one of those, and the GPU op plans its GEMMs and captures a CUDA graph on a batch size's first call.
 WARMUP_BATCH_SIZES = (1, 8, 16, 32, 64)
 warmup_inputs = mixed_length_inputs  # what one warmup request carries: (config, batch_size, seq_length, seed)
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenizerSettings:
-    """How clients must tokenize for this model; written to assets.extra/bertserve_tokenizer.json."""
-
-    vocab_file: str  # path of the vocabulary to copy in
-    do_lower_case: bool
-    max_seq_length: int
-
-    def as_json(self, vocab_size: int) -> dict:
-        return {"vocab_file": VOCAB_FILE, "do_lower_case": self.do_lower_case,
-                "max_seq_length": self.max_seq_length, "tokenize_chinese_chars": True, "vocab_size": vocab_size}
 
 
 def check_vocab(vocab_file: str, config: BertConfig) -> int:
@@ -106,12 +81,8 @@ def write_version(module: RankerModule, config: BertConfig, base: str, model_nam
     os.chmod(staging, 0o755)  # mkdtemp makes it private; a server running as another user must read it
     try:
         tf.saved_model.save(module, staging, signatures={SIGNATURE_NAME: module.serving_default})
-        extra = os.path.join(staging, ASSETS_EXTRA)
-        os.makedirs(extra)
-        shutil.copyfile(tokenizer.vocab_file, os.path.join(extra, VOCAB_FILE))
-        with open(os.path.join(extra, TOKENIZER_FILE), "w", encoding="utf-8") as f:
-            json.dump(tokenizer.as_json(config.vocab_size), f, indent=2)
-        write_warmup_requests(os.path.join(extra, WARMUP_FILE), model_name, config, tokenizer.max_seq_length)
+        tokenizer.write(staging, config.vocab_size)
+        write_warmup_requests(warmup_path(staging), model_name, config, tokenizer.max_seq_length)
         if os.path.exists(target):
             shutil.rmtree(target)
         os.rename(staging, target)

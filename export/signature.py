@@ -1,10 +1,9 @@
-"""The serving contract every exported variant shares (see DESIGN.md): names and types of inputs and outputs."""
+"""The TensorFlow side of the serving contract: the signature's input specs, built from model_dir's names."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-SIGNATURE_NAME = "serving_default"
-INPUT_NAMES = ("input_ids", "input_mask", "segment_ids")
-OUTPUT_NAME = "scores"
+from bertserve.model_dir import INPUT_NAMES
+
 INPUT_SIGNATURE = [tf.TensorSpec([None, None], tf.int32, name=name) for name in INPUT_NAMES]

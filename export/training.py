@@ -29,8 +29,8 @@ from tqdm import tqdm
 
 from bertserve.export import stock
 from bertserve.export.loaders import TRAINING_CONFIG_FILE
-from bertserve.export.signature import INPUT_NAMES
 from bertserve.export.weights import LAYER_ARRAY_NAMES, BertWeights
+from bertserve.model_dir import INPUT_NAMES
 
 TRAIN_ARRAY_NAMES = (*INPUT_NAMES, "labels")
 CHECKPOINT_FORMAT = "bertserve-ranker/1"

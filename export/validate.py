@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from bertserve.export import reference
 from bertserve.export.samples import mixed_length_inputs
-from bertserve.export.signature import OUTPUT_NAME, SIGNATURE_NAME
 from bertserve.export.weights import BertWeights
+from bertserve.model_dir import OUTPUT_NAME, SIGNATURE_NAME
 
 TOLERANCES = {"fp32": 1e-5, "fp16": 5e-3}
 SAMPLE_ROWS = 12

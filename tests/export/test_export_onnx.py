@@ -10,8 +10,8 @@ import onnx
 import pytest
 
 from bertserve.export import onnx_export, reference
-from bertserve.export.signature import INPUT_NAMES, OUTPUT_NAME
 from bertserve.export.weights import BertWeights
+from bertserve.model_dir import INPUT_NAMES, OUTPUT_NAME
 
 from export_testing import TINY_CONFIG, padded_inputs
 

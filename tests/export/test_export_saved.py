@@ -12,15 +12,18 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from bertserve.client.demo import SERVING_BATCHING
 from bertserve.export import graph, saved, validate
+from bertserve.model_dir import TokenizerSettings
 from bertserve.server.config_files import read_batching_options
 
 from export_testing import TINY_CONFIG, VARIANTS
 
+SHIPPED_BATCHING = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "serving_config", "batching_parameters.txt")
 
-def tokenizer(vocab: str, max_seq_length: int = 16) -> saved.TokenizerSettings:
-    return saved.TokenizerSettings(vocab_file=vocab, do_lower_case=False, max_seq_length=max_seq_length)
+
+def tokenizer(vocab: str, max_seq_length: int = 16) -> TokenizerSettings:
+    return TokenizerSettings(vocab_file=vocab, do_lower_case=False, max_seq_length=max_seq_length)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +118,6 @@ def test_version_rules(tmp_path, tiny_weights, tiny_vocab):
 def test_warmup_covers_every_batch_size_the_shipped_batching_config_runs():
     """The batcher pads a batch to an allowed size; each of those must be warmed up (the GPU op captures a CUDA
     graph on a batch size's first call), and so must a request alone."""
-    options = read_batching_options(SERVING_BATCHING)
+    options = read_batching_options(SHIPPED_BATCHING)
     assert options.allowed_batch_sizes, "the shipped batching config pads to allowed_batch_sizes"
     assert set(options.allowed_batch_sizes) | {1} <= set(saved.WARMUP_BATCH_SIZES)

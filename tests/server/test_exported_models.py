@@ -12,8 +12,9 @@ from tensorflow_serving.apis import get_model_status_pb2
 
 from bertserve.client.server_process import write_model_config
 from bertserve.export.graph import build_ranker_module
-from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
+from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import BertConfig, BertWeights
+from bertserve.model_dir import TokenizerSettings
 from tiny_models import predict_request, tensor
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
