@@ -15,6 +15,7 @@ from typing import Sequence
 from tqdm import tqdm
 
 from bertserve.export import loaders
+from bertserve.export.errors import ValidationError
 from bertserve.export.graph import PRECISIONS, VARIANTS
 from bertserve.export.weights import BertWeights
 from bertserve.model_dir import DEFAULT_MAX_LEN, TokenizerSettings
@@ -119,8 +120,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    from bertserve.export.validate import ValidationError
-
     args = build_parser().parse_args(list(argv))
     try:
         return run(args)

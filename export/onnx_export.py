@@ -27,9 +27,9 @@ import tf2onnx
 from onnx import numpy_helper
 
 from bertserve.export import stock
+from bertserve.export.errors import ValidationError
 from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.signature import INPUT_SIGNATURE
-from bertserve.export.validate import ValidationError
 from bertserve.export.weights import LAYER_ARRAY_NAMES, BertWeights
 from bertserve.model_dir import INPUT_NAMES, OUTPUT_NAME
 

@@ -13,16 +13,14 @@ import numpy as np
 import tensorflow as tf
 
 from bertserve.export import reference
+from bertserve.export.errors import ValidationError
+from bertserve.export.onnx_export import OnnxRanker
 from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.weights import BertWeights
 from bertserve.model_dir import OUTPUT_NAME, SIGNATURE_NAME
 
 TOLERANCES = {"fp32": 1e-5, "fp16": 5e-3}
 SAMPLE_ROWS = 12
-
-
-class ValidationError(RuntimeError):
-    """An exported file disagrees with the reference beyond tolerance."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +58,6 @@ def validate_export(weights: BertWeights, version_dir: str, variant: str, precis
     rows = [ValidationRow(f"saved_model ({variant})", precision, float(np.max(np.abs(saved_scores - expected))),
                           len(expected))]
     if onnx_path is not None:
-        from bertserve.export.onnx_export import OnnxRanker
-
         onnx_scores = OnnxRanker(onnx_path).scores(**inputs)
         rows.append(ValidationRow("onnx (stock)", "fp32", float(np.max(np.abs(onnx_scores - expected))),
                                   len(expected)))
