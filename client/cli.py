@@ -12,10 +12,10 @@ from typing import Callable, Sequence
 
 from bertserve.client.errors import ServingError
 from bertserve.client.padding import PADDING_MODES
-from bertserve.client.pairs import LENGTHS, read_lengths
 from bertserve.client.protocol import ModelSpec
 from bertserve.client.retry import RetryPolicy
 from bertserve.client.tokenization import PairTokenizer
+from bertserve.train.pairs import LENGTHS, read_lengths
 from bertserve.model_dir import DEFAULT_MAX_LEN, SIGNATURE_NAME
 
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, TimeoutError, RuntimeError)

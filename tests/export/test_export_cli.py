@@ -43,7 +43,7 @@ def test_google_checkpoint_to_stock_version_with_onnx(capsys, tmp_path, google_d
 def test_training_directory_to_fused_fp16_in_one_command(capsys, tmp_path, tiny_weights, tiny_vocab):
     import numpy as np
 
-    from bertserve.export import training
+    from bertserve.train import training
 
     mask = np.ones((8, 6), np.int32)
     train = {"input_ids": np.arange(48, dtype=np.int32).reshape(8, 6) + 5, "input_mask": mask,

@@ -141,7 +141,7 @@ def test_seeded_classifier_spreads_scores_and_is_deterministic(minilm_dir, minil
 
 
 def test_training_checkpoint_round_trip_and_errors(tmp_path, tiny_weights):
-    from bertserve.export import training
+    from bertserve.train import training
 
     rng = np.random.default_rng(0)
     mask = (np.arange(10)[None, :] < rng.integers(3, 11, size=(24, 1))).astype(np.int32)

@@ -1,6 +1,6 @@
 """Builds the shipped pair files from conversations.tsv (hand-written: topic, query, the reply that fits).
 
-    python client/data/build_pairs.py
+    python train/data/build_pairs.py
 
 Held-out queries are every fifth conversation of each topic, so every topic is evaluated and no held-out query or
 reply appears in training. Negatives come from other topics only, so no label is a fitting reply marked wrong.

@@ -1,4 +1,5 @@
-"""Fine-tunes a BERT ranker in TF2 and saves it in the layout `loaders.load_training_checkpoint` reads.
+"""Fine-tunes a BERT ranker in TF2 and saves it in the layout `bertserve.export.loaders.load_training_checkpoint`
+reads.
 
 The forward pass is stock.py's, the same code the stock SavedModel serves, so what is trained is what is served.
 

@@ -1,4 +1,4 @@
-"""The shipped query/reply pair set (client/data/) and the ranking metrics computed on it.
+"""The shipped query/reply pair set (train/data/) and the ranking metrics computed on it.
 
 Held-out evaluation groups each held-out query with its candidate replies (exactly one fits) and asks where the
 ranker puts the fitting one: accuracy@1 and mean reciprocal rank, beside what random order would score.
@@ -78,6 +78,12 @@ class RankingMetrics:
     mrr: float
     chance_accuracy_at_1: float
     chance_mrr: float
+
+
+def heldout_metrics(score_pairs: Callable[[list[tuple[str, str]]], np.ndarray]) -> RankingMetrics:
+    """The metrics on the held-out pairs; score_pairs scores (query, reply) pairs, e.g. RankerClient.score_pairs."""
+    queries = group_by_query(read_pairs(HELDOUT_PAIRS))
+    return evaluate(queries, lambda query, replies: score_pairs([(query, reply) for reply in replies]))
 
 
 def evaluate(queries: Sequence[RankingQuery], score: Callable[[str, Sequence[str]], np.ndarray]) -> RankingMetrics:

@@ -4,10 +4,19 @@ exported SavedModel serves is what was trained."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from bertserve.export import graph, loaders, reference, training
+from bertserve.export import graph, loaders, reference
+from bertserve.export.weights import BertConfig, BertWeights
+from bertserve.train import training
 
-from export_testing import TINY_CONFIG
+TINY_CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=40, type_vocab_size=2)
+
+
+@pytest.fixture
+def tiny_weights() -> BertWeights:
+    return BertWeights.random(TINY_CONFIG, seed=1, scale=0.2)
 
 
 def test_fine_tuning_learns_a_rule_that_holds_out(tmp_path, tiny_weights):
