@@ -11,7 +11,6 @@
 #include <exception>
 #include <memory>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 
 #include "absl/status/status.h"
@@ -39,12 +38,16 @@ void* StreamOf(OpKernelContext* ctx) {
   return ctx->op_device_context()->stream()->platform_specific_handle().stream;
 }
 
-// Runs a core call; a CUDA or cuBLASLt failure (std::runtime_error naming it) becomes an Internal status.
+// Runs a core call: device memory that could not be had becomes RESOURCE_EXHAUSTED (as when TensorFlow's own
+// allocate_output fails, so a server can tell a batch too large for the GPU from a fault); a CUDA or cuBLASLt
+// failure (std::runtime_error naming it) becomes an Internal status.
 template <typename Fn>
 absl::Status CallCore(const Fn& fn) {
   try {
     fn();
     return absl::OkStatus();
+  } catch (const cuda::DeviceOutOfMemory& e) {
+    return absl::ResourceExhaustedError(absl::StrCat("bertserve CUDA core: ", e.what()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("bertserve CUDA core: ", e.what()));
   }
@@ -98,7 +101,8 @@ cuda::DeviceAllocator ArenaAllocator(OpKernelContext* ctx) {
   return [allocator](int64_t bytes) {
     void* p = allocator->AllocateRaw(256, bytes);  // cudaMalloc's alignment, which the arena's layout assumes
     if (p == nullptr) {
-      throw std::runtime_error("the device allocator could not give an arena of " + std::to_string(bytes) + " bytes");
+      throw cuda::DeviceOutOfMemory("out of device memory: the allocator could not give an arena of " +
+                                    std::to_string(bytes) + " bytes");
     }
     return std::shared_ptr<void>(p, [allocator](void* q) { allocator->DeallocateRaw(q); });
   };
@@ -273,3 +277,23 @@ BERTSERVE_REGISTER_GPU(Eigen::half)
 }  // namespace
 }  // namespace tf
 }  // namespace bertserve
+
+// Process-wide counts of the encoder's CUDA graphs (cuda::GraphsCaptured and the others, graph_cache.h) and the
+// device's memory in use, for tests and benchmarks to read through ctypes from this library: whether a warmed-up
+// model captures no new graph, whether the caches stay within their bound, whether memory outside TensorFlow's
+// allocator (graphs, capture streams) goes back when a model is unloaded.
+extern "C" {
+__attribute__((visibility("default"))) int64_t bertserve_graphs_captured() {
+  return bertserve::cuda::GraphsCaptured();
+}
+__attribute__((visibility("default"))) int64_t bertserve_graphs_held() { return bertserve::cuda::GraphsHeld(); }
+__attribute__((visibility("default"))) int64_t bertserve_most_graphs_held_per_stream() {
+  return bertserve::cuda::MostGraphsHeldPerStream();
+}
+// Bytes in use on the calling thread's current device (cudaMemGetInfo: total - free, every allocator's), or -1.
+__attribute__((visibility("default"))) int64_t bertserve_device_bytes_in_use() {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) return -1;
+  return static_cast<int64_t>(total - free);
+}
+}

@@ -2,12 +2,24 @@
 #include "custom_ops/kernels/cuda/graph_cache.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "custom_ops/kernels/cuda/common.cuh"
 
 namespace bertserve {
 namespace cuda {
 namespace {
+
+std::atomic<int64_t> graphs_captured{0};
+std::atomic<int64_t> graphs_held{0};
+std::atomic<int64_t> most_graphs_held_per_stream{0};
+
+// Drops a stream's graphs, keeping the process-wide count of graphs held.
+template <typename Graphs>
+void DropGraphs(Graphs& graphs) {
+  graphs_held -= static_cast<int64_t>(graphs.size());
+  graphs.clear();
+}
 
 // A non-blocking stream on the device `stream` belongs to (the caller's current device may be another one).
 cudaStream_t StreamBeside(cudaStream_t stream) {
@@ -26,7 +38,7 @@ cudaStream_t StreamBeside(cudaStream_t stream) {
 
 GraphCache::~GraphCache() {
   for (auto& [stream, state] : streams_) {
-    state.graphs.clear();
+    DropGraphs(state.graphs);
     if (state.capture != nullptr) cudaStreamDestroy(state.capture);
   }
 }
@@ -47,6 +59,10 @@ GraphCache::Exec GraphCache::Capture(const ArenaWork& forward, void* arena, cuda
   cudaGraphExec_t exec = nullptr;
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // read here, or the next launch check on this thread would report it as its own
+    throw DeviceOutOfMemory("graph instantiation: out of device memory");
+  }
   ThrowIfFailed(status, "graph instantiation");
   return Exec(exec);
 }
@@ -73,8 +89,14 @@ void GraphCache::Run(const GraphedCall& call, bool use_graphs, const DeviceAlloc
   call.stage_out(arena, stream);
   if (!use_graphs) return;
   if (state.capture == nullptr) state.capture = StreamBeside(stream);
-  if (state.graphs.size() >= kMaxGraphsPerStream) state.graphs.clear();
+  if (state.graphs.size() >= kMaxGraphsPerStream) DropGraphs(state.graphs);
   state.graphs.emplace(call.key, Graph{Capture(call.forward, arena, state.capture), state.arena});
+  graphs_captured += 1;
+  graphs_held += 1;
+  const int64_t held = static_cast<int64_t>(state.graphs.size());
+  int64_t most = most_graphs_held_per_stream.load();
+  while (most < held && !most_graphs_held_per_stream.compare_exchange_weak(most, held)) {
+  }
 }
 
 int64_t GraphCache::size() {
@@ -83,6 +105,10 @@ int64_t GraphCache::size() {
   for (const auto& [stream, state] : streams_) graphs += static_cast<int64_t>(state.graphs.size());
   return graphs;
 }
+
+int64_t GraphsCaptured() { return graphs_captured.load(); }
+int64_t GraphsHeld() { return graphs_held.load(); }
+int64_t MostGraphsHeldPerStream() { return most_graphs_held_per_stream.load(); }
 
 }  // namespace cuda
 }  // namespace bertserve

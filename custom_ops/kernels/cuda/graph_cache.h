@@ -15,12 +15,20 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
 
 namespace bertserve {
 namespace cuda {
+
+// What a DeviceAllocator throws when the device has no memory for an arena, apart from CUDA failures
+// (std::runtime_error): the TF kernel answers it with RESOURCE_EXHAUSTED, as TensorFlow does its own allocations.
+class DeviceOutOfMemory : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Work a call enqueues on a stream, on the arena.
 using ArenaWork = std::function<void(void* arena, cudaStream_t stream)>;
@@ -78,6 +86,13 @@ class GraphCache {
 
 // Graphs a stream keeps before it drops them all and starts over (each holds a few dozen nodes on host and device).
 constexpr size_t kMaxGraphsPerStream = 1024;
+
+// Process-wide counts over every GraphCache, so that tests and benchmarks can see what serving does: graphs captured
+// since the process started (a warmed-up server should capture none), graphs held now, and the most graphs one
+// stream of one cache has held at once (kMaxGraphsPerStream at most).
+int64_t GraphsCaptured();
+int64_t GraphsHeld();
+int64_t MostGraphsHeldPerStream();
 
 }  // namespace cuda
 }  // namespace bertserve
