@@ -1,165 +1,179 @@
-"""One loaded model version: its SavedModel, signatures, input limits and in-flight request count."""
+"""One loaded model version: a TensorFlow Session over its SavedModel's MetaGraph, as TF Serving loads it.
+
+Why a Session (tf.compat.v1.saved_model.loader) and not tf.saved_model.load: TF Serving runs every SavedModel,
+TF1 or TF2, through a Session over the MetaGraphDef, and some TF1 models (reference-typed outputs, graphs whose
+ParseExample shapes do not survive re-tracing as functions) cannot be loaded as functions at all. The Session
+also gives the lean request path: each signature gets one C++ callable (Session::MakeCallable) with its feeds
+and fetches resolved at load, so a batch costs one call with NumPy arrays in and out, no Python graph work.
+Like TF Serving's C++ Session::Run, a callable feeds a tensor to whatever shape the graph accepts (a [3] vector
+where the SignatureDef says [-1, 1], a scalar); the graph, not the SignatureDef's shape, decides.
+"""
 
 from __future__ import annotations
 
-import glob
-import json
+import collections
 import logging
-import os
 import threading
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow.core.framework import tensor_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
 
+from bertserve.model_dir import SIGNATURE_NAME
 from bertserve.server.errors import failed_precondition, from_exception, invalid_argument
-from bertserve.server.tensors import dtype_name
+from bertserve.server.tensors import proto_to_ndarray
+from bertserve.server.token_inputs import TokenInputRules, TokenLimits
 
 log = logging.getLogger("bertserve.server")
 
 INIT_OP_SIGNATURE = "__saved_model_init_op"
-DEFAULT_SIGNATURE = "serving_default"
-# The bertserve signature contract: these inputs share one [batch, seq] shape.
-TOKEN_INPUTS = ("input_ids", "input_mask", "segment_ids")
+# Callables beyond the one per signature (MultiInference's fetch sets) are kept for this many combinations.
+MAX_EXTRA_CALLABLES = 32
 
 
-class InputLimits:
-    """Value ranges the model's embeddings accept; None where the SavedModel does not tell."""
-
-    def __init__(self, vocab_size: int | None, type_vocab_size: int | None, max_positions: int | None):
-        self.vocab_size, self.type_vocab_size, self.max_positions = vocab_size, type_vocab_size, max_positions
-
-    @classmethod
-    def from_saved_model(cls, path: str) -> "InputLimits":
-        """Prefers the exported tokenizer JSON in assets.extra, then the embedding variables' shapes."""
-        found: dict[str, int] = {}
-        for json_path in sorted(glob.glob(os.path.join(path, "assets.extra", "*.json"))):
-            try:
-                with open(json_path, encoding="utf-8") as handle:
-                    data = json.load(handle)
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict):
-                for key in ("vocab_size", "type_vocab_size", "max_position_embeddings"):
-                    if isinstance(data.get(key), int) and key not in found:
-                        found[key] = data[key]
-        variables = _variable_shapes(path)
-        for key, suffix in (("vocab_size", "word_embeddings"), ("type_vocab_size", "token_type_embeddings"),
-                            ("max_position_embeddings", "position_embeddings")):
-            if key not in found:
-                shape = next((s for n, s in variables.items() if _leaf_name(n) == suffix and len(s) == 2), None)
-                if shape is not None:
-                    found[key] = int(shape[0])
-        return cls(found.get("vocab_size"), found.get("type_vocab_size"), found.get("max_position_embeddings"))
-
-    def describe(self) -> str:
-        return f"vocab={self.vocab_size} type_vocab={self.type_vocab_size} max_positions={self.max_positions}"
+def batch_rows(inputs: Mapping[str, np.ndarray]) -> int:
+    """The rows a request adds to a batch; TF Serving's BatchingSession rules and texts."""
+    sizes = set()
+    for array in inputs.values():
+        if array.ndim == 0:
+            raise invalid_argument("Batching Run() input tensors must have at least one dimension")
+        sizes.add(array.shape[0])
+    if len(sizes) > 1:
+        raise invalid_argument(f"Batching Run() input tensors must have equal 0th-dimension size, got "
+                               f"{ {name: int(array.shape[0]) for name, array in inputs.items()} }")
+    return sizes.pop() if sizes else 0
 
 
-def _leaf_name(checkpoint_key: str) -> str:
-    """'encoder/word_embeddings/.ATTRIBUTES/VARIABLE_VALUE' -> 'word_embeddings'."""
-    return checkpoint_key.split("/.ATTRIBUTES", 1)[0].rsplit("/", 1)[-1]
+class SessionBundle:
+    """A Session holding one SavedModel in its own graph (TF Serving's SavedModelBundle), and its callables."""
 
+    def __init__(self, path: str, tags: set[str]):
+        self.graph = tf.Graph()
+        # config None: the process's TensorFlow settings (the --tensorflow_*_parallelism flags) apply.
+        self.session = tf.compat.v1.Session(graph=self.graph)
+        try:
+            self.meta_graph: meta_graph_pb2.MetaGraphDef = tf.compat.v1.saved_model.loader.load(
+                self.session, sorted(tags), path)
+        except Exception:
+            self.session.close()
+            raise
+        self.graph.finalize()  # nothing may add to the graph after load (a request that did would leak)
+        self._lock = threading.Lock()
+        self._extra_callables: collections.OrderedDict[tuple, Callable[..., list[np.ndarray]]] = \
+            collections.OrderedDict()
 
-def _variable_shapes(path: str) -> dict[str, list[int]]:
-    prefix = os.path.join(path, "variables", "variables")
-    if not tf.io.gfile.exists(prefix + ".index"):
-        return {}
-    try:
-        return tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-    except (tf.errors.OpError, ValueError):
-        return {}
+    def make_callable(self, feeds: Sequence[str], fetches: Sequence[str]) -> Callable[..., list[np.ndarray]]:
+        """Session::MakeCallable: feeds and fetches (tensor names) resolved once; a call runs the pruned graph.
 
+        The session's private wrapper of the C++ API is the only way to it from Python; Session.make_callable
+        with feeds falls back to Session.run and its per-call Python feed checks.
+        """
+        options = config_pb2.CallableOptions(feed=list(feeds), fetch=list(fetches))
+        return self.session._make_callable_from_options(options)  # noqa: SLF001 - see the docstring
 
-def _numpy_dtype_name(dtype: np.dtype) -> str:
-    try:
-        return tf.dtypes.as_dtype(dtype).name
-    except TypeError:
-        return str(dtype)
+    def cached_callable(self, feeds: tuple[str, ...], fetches: tuple[str, ...]) -> Callable[..., list[np.ndarray]]:
+        """A callable for a combination requests choose (MultiInference's tasks); the least recently used go."""
+        key = (feeds, fetches)
+        with self._lock:
+            found = self._extra_callables.pop(key, None)
+            if found is None:
+                found = self.make_callable(feeds, fetches)
+            self._extra_callables[key] = found
+            while len(self._extra_callables) > MAX_EXTRA_CALLABLES:
+                self._extra_callables.popitem(last=False)
+            return found
 
+    def run(self, feeds: Mapping[str, np.ndarray], fetches: Sequence[str]) -> list[np.ndarray]:
+        """One Session run over tensor names (MultiInference); a TensorFlow failure keeps its status code."""
+        names = tuple(sorted(feeds))
+        try:
+            values = self.cached_callable(names, tuple(fetches))(*(feeds[name] for name in names))
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a crash
+            raise from_exception(exc) from exc
+        return [np.asarray(value) for value in values]
 
-def read_meta_graph(path: str, tags: set[str]) -> meta_graph_pb2.MetaGraphDef:
-    saved_model = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as handle:
-        saved_model.ParseFromString(handle.read())
-    for meta_graph in saved_model.meta_graphs:
-        if set(meta_graph.meta_info_def.tags) == tags:
-            return meta_graph
-    raise ValueError(f"SavedModel at {path} has no MetaGraphDef with tags {sorted(tags)}")
+    def close(self) -> None:
+        with self._lock:
+            self._extra_callables.clear()
+        self.session.close()
 
 
 class Signature:
-    """A signature's contract (from the SignatureDef) plus the concrete function that runs it."""
+    """A SignatureDef's contract and its callable: request inputs by alias in, outputs by alias out."""
 
-    def __init__(self, key: str, signature_def: meta_graph_pb2.SignatureDef, function: Callable, limits: InputLimits):
-        self.key, self.signature_def, self.function, self.limits = key, signature_def, function, limits
+    def __init__(self, key: str, signature_def: meta_graph_pb2.SignatureDef, bundle: SessionBundle,
+                 limits: TokenLimits):
+        self.key, self.signature_def = key, signature_def
+        self.method_name = signature_def.method_name
         self.inputs = dict(signature_def.inputs)
         self.outputs = dict(signature_def.outputs)
+        self.defaults: dict[str, tensor_pb2.TensorProto] = dict(signature_def.defaults)
+        self._default_values = {alias: proto_to_ndarray(alias, self.inputs[alias], proto)
+                                for alias, proto in self.defaults.items() if alias in self.inputs}
         self.tensor_names = {alias: info.name for alias, info in self.inputs.items()}
-
-    def validate(self, inputs: dict[str, np.ndarray], output_filter: list[str]) -> int:
-        """Checks names, dtypes, shapes and id ranges; returns the batch size. Raises ServingError."""
-        missing = sorted(set(self.inputs) - set(inputs))
-        extra = sorted(set(inputs) - set(self.inputs))
-        if missing or extra:
-            raise invalid_argument(
-                f"Request inputs do not match required inputs for model `{self.key}`. "
-                f"Send extra: {{{', '.join(extra)}}}. Missing but required: {{{', '.join(missing)}}}.")
-        unknown_outputs = [name for name in output_filter if name not in self.outputs]
-        if unknown_outputs:
-            raise invalid_argument(f"output tensor alias not found in signature: {unknown_outputs[0]}. "
-                                   f"Outputs expected to be in the set {{{','.join(sorted(self.outputs))}}}.")
-        if len(set(output_filter)) != len(output_filter):
-            raise invalid_argument(f"duplicate output tensor alias in output_filter: {list(output_filter)}")
-        batch_sizes = set()
-        for name, array in inputs.items():
-            info = self.inputs[name]
-            expected = tf.dtypes.as_dtype(info.dtype).as_numpy_dtype
-            if array.dtype != expected:
-                raise invalid_argument(f"Expects arg[{name}] to be {dtype_name(info.dtype)} but "
-                                       f"{_numpy_dtype_name(array.dtype)} is provided")
-            if not info.tensor_shape.unknown_rank:
-                want = [d.size for d in info.tensor_shape.dim]
-                if array.ndim != len(want) or any(w not in (-1, g) for w, g in zip(want, array.shape)):
-                    raise invalid_argument(f"input '{name}' has shape {list(array.shape)}, the signature expects "
-                                           f"{['?' if w == -1 else w for w in want]}")
-            if array.ndim == 0:
-                raise invalid_argument(f"input '{name}' is a scalar; inputs need a batch dimension")
-            batch_sizes.add(array.shape[0])
-        if len(batch_sizes) > 1:
-            raise invalid_argument(f"input tensors must have equal 0th-dimension size, got "
-                                   f"{ {n: int(a.shape[0]) for n, a in inputs.items()} }")
-        self._check_token_inputs(inputs)
-        return batch_sizes.pop() if batch_sizes else 0
-
-    def _check_token_inputs(self, inputs: dict[str, np.ndarray]) -> None:
-        present = [n for n in TOKEN_INPUTS if n in inputs]
-        shapes = {n: tuple(inputs[n].shape) for n in present}
-        if len(set(shapes.values())) > 1:
-            raise invalid_argument(f"input_ids, input_mask and segment_ids must share one [batch, seq] shape, "
-                                   f"got {shapes}")
-        limits = self.limits
-        for name, high in (("input_ids", limits.vocab_size), ("segment_ids", limits.type_vocab_size),
-                           ("input_mask", 2)):
-            array = inputs.get(name)
-            if array is None or high is None or array.size == 0 or array.dtype.kind not in "iu":
-                continue
-            low_value, high_value = int(array.min()), int(array.max())
-            if low_value < 0 or high_value >= high:
-                bad = low_value if low_value < 0 else high_value
-                raise invalid_argument(f"{name} value {bad} is out of range [0, {high})")
-        ids = inputs.get("input_ids")
-        if ids is not None and ids.ndim == 2 and limits.max_positions is not None and ids.shape[1] > limits.max_positions:
-            raise invalid_argument(f"sequence length {ids.shape[1]} exceeds the model's {limits.max_positions} positions")
-
-    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Runs the SavedModel signature; a TensorFlow failure keeps its status code."""
+        self._token_rules = TokenInputRules.for_signature(self.inputs, limits)
+        self._feed_aliases = sorted(self.inputs)
+        self._fetch_aliases = sorted(self.outputs)
         try:
-            outputs = self.function(**{name: tf.constant(value) for name, value in inputs.items()})
+            self._callable = bundle.make_callable([self.inputs[a].name for a in self._feed_aliases],
+                                                  [self.outputs[a].name for a in self._fetch_aliases])
+            self._error = None
+        except Exception as exc:  # noqa: BLE001 - a broken signature fails its requests, not the whole model
+            self._callable, self._error = None, from_exception(exc)
+            log.warning("signature %s cannot run: %s", key, self._error)
+
+    def check_input_names(self, names: Sequence[str]) -> None:
+        """TF Serving's texts (VerifyRequestInputsSize, GetInputValues): extra and missing aliases, defaults apply."""
+        given, wanted = set(names), set(self.inputs)
+        if len(given) > len(wanted) or (len(given) < len(wanted) and not self.defaults):
+            raise invalid_argument(
+                f"input size does not match signature: {len(given)}!={len(wanted)} len({{{','.join(sorted(given))}}})"
+                f" != len({{{','.join(sorted(wanted))}}}). Sent extra: {{{','.join(sorted(given - wanted))}}}. "
+                f"Missing but required: {{{','.join(sorted(wanted - given))}}}.")
+        for alias in sorted(wanted - given):
+            if alias not in self.defaults:
+                raise invalid_argument(
+                    f"Signature input alias: {alias}(feed name: {self.inputs[alias].name}) not found in request and "
+                    f"no default value provided. Inputs expected to be in the request {{{','.join(sorted(given))}}}, "
+                    f"or default input alias set: {','.join(sorted(self.defaults))}")
+        extra = sorted(given - wanted)
+        if extra:
+            raise invalid_argument(f"Inputs contains invalid name. Used request inputs: "
+                                   f"{','.join(sorted(given & wanted))}, request input: {','.join(extra)}")
+
+    def complete(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The request's inputs with the signature's defaults for those it left out; names checked."""
+        self.check_input_names(list(inputs))
+        missing = {alias: value for alias, value in self._default_values.items() if alias not in inputs}
+        return {**inputs, **missing} if missing else inputs
+
+    def check_output_filter(self, output_filter: Sequence[str]) -> None:
+        seen: set[str] = set()
+        for alias in output_filter:
+            if alias not in self.outputs:
+                raise invalid_argument(f"output tensor alias not found in signature: {alias} Outputs expected to be "
+                                       f"in the set {{{','.join(sorted(self.outputs))}}}.")
+            if alias in seen:
+                raise invalid_argument(f"duplicate output tensor alias: {alias}")
+            seen.add(alias)
+
+    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """What must hold before a request may share a batch: the fused op's own rules, for signatures that take
+        the bertserve token inputs; other models' inputs go to their graph as they are."""
+        if self._token_rules is not None:
+            self._token_rules.check(inputs)
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One Session run of the whole signature; a TensorFlow failure keeps its status code."""
+        if self._error is not None:
+            raise self._error
+        try:
+            values = self._callable(*(inputs[alias] for alias in self._feed_aliases))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a status, never a crash
             raise from_exception(exc) from exc
-        return {name: tensor.numpy() for name, tensor in outputs.items()}
+        return {alias: np.asarray(value) for alias, value in zip(self._fetch_aliases, values)}
 
 
 class LoadedVersion:
@@ -167,21 +181,19 @@ class LoadedVersion:
 
     def __init__(self, model_name: str, version: int, path: str, tags: set[str]):
         self.model_name, self.version, self.path = model_name, version, path
-        self.meta_graph = read_meta_graph(path, tags)
-        self._loaded = tf.saved_model.load(path, tags=sorted(tags))
-        self.limits = InputLimits.from_saved_model(path)
-        self.signatures: dict[str, Signature] = {}
-        for key, signature_def in self.meta_graph.signature_def.items():
-            if key == INIT_OP_SIGNATURE or key not in self._loaded.signatures:
-                continue
-            self.signatures[key] = Signature(key, signature_def, self._loaded.signatures[key], self.limits)
+        self.bundle = SessionBundle(path, tags)
+        self.meta_graph = self.bundle.meta_graph
+        self.limits = TokenLimits.from_saved_model(path)
+        self.signatures: dict[str, Signature] = {
+            key: Signature(key, signature_def, self.bundle, self.limits)
+            for key, signature_def in self.meta_graph.signature_def.items() if key != INIT_OP_SIGNATURE}
         self._in_flight = 0
         self._idle = threading.Condition()
 
     def signature(self, key: str) -> Signature:
-        found = self.signatures.get(key or DEFAULT_SIGNATURE)
+        found = self.signatures.get(key or SIGNATURE_NAME)
         if found is None:
-            raise failed_precondition(f"Serving signature key \"{key or DEFAULT_SIGNATURE}\" not found.")
+            raise failed_precondition(f"Serving signature key \"{key or SIGNATURE_NAME}\" not found.")
         return found
 
     def acquire(self) -> None:
@@ -199,6 +211,6 @@ class LoadedVersion:
             self._idle.wait_for(lambda: self._in_flight == 0)
 
     def release_model(self) -> None:
-        """Drops the only reference to the TF objects so their memory can go."""
+        """Closes the Session, so the graph's memory goes once no request holds this version."""
         self.signatures.clear()
-        self._loaded = None
+        self.bundle.close()

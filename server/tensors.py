@@ -1,74 +1,202 @@
-"""TensorProto and REST JSON <-> NumPy, without TensorFlow's slow generic converters on the hot path."""
+"""TensorProto and REST JSON <-> NumPy, checked against the signature before anything is allocated.
+
+A TensorProto declares its shape apart from the values it carries: TensorFlow fills a tensor that carries fewer
+values with its last value (or zeros), and an empty tensor ([2^30, 0]) may declare huge other dimensions that
+the graph then builds outputs from. A few hundred bytes could so stand for gigabytes. Every input is therefore
+checked first against the signature's dtype, then its declared size against what it carries: a tensor may
+declare at most MAX_EXPANSION_BYTES more than it carries, and at most MAX_TENSOR_ELEMENTS elements, counting an
+empty tensor's other dimensions. Only then is it decoded, with NumPy (no TensorFlow converters on the hot path).
+
+Outputs are encoded as TF Serving encodes them: the typed fields (float_val, int_val, ...: Tensor::AsProtoField)
+unless --enable_serialization_as_tensor_content asks for tensor_content.
+"""
 
 from __future__ import annotations
 
+import base64
 import math
+from typing import Mapping
 
+import ml_dtypes
 import numpy as np
-import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
 
 from bertserve.server.errors import invalid_argument
 
-# Guards allocation from a hostile shape (TensorProto lets one value broadcast to any shape).
 MAX_TENSOR_ELEMENTS = 1 << 26
+MAX_EXPANSION_BYTES = 1 << 20
+MAX_RANK = 254  # TensorFlow's TensorShape limit
+# What one element of a string tensor costs at least once decoded (an object pointer), for the expansion rule.
+STRING_ELEMENT_BYTES = 8
 
-_NUMERIC_DTYPES: dict[int, np.dtype] = {
-    types_pb2.DT_FLOAT: np.dtype(np.float32),
-    types_pb2.DT_DOUBLE: np.dtype(np.float64),
-    types_pb2.DT_HALF: np.dtype(np.float16),
-    types_pb2.DT_INT32: np.dtype(np.int32),
-    types_pb2.DT_INT64: np.dtype(np.int64),
-    types_pb2.DT_INT16: np.dtype(np.int16),
-    types_pb2.DT_INT8: np.dtype(np.int8),
-    types_pb2.DT_UINT8: np.dtype(np.uint8),
-    types_pb2.DT_BOOL: np.dtype(np.bool_),
+
+class _Codec:
+    """How one dtype travels in a TensorProto: its NumPy dtype and its typed field (and values per element)."""
+
+    def __init__(self, np_dtype: np.dtype | None, field: str, per_element: int = 1, via: np.dtype | None = None):
+        self.np_dtype, self.field, self.per_element = np_dtype, field, per_element
+        self.via = via  # the dtype the typed field holds when it differs (half_val holds float16 bits as ints)
+
+    @property
+    def itemsize(self) -> int:
+        return STRING_ELEMENT_BYTES if self.np_dtype is None else self.np_dtype.itemsize
+
+
+_CODECS: dict[int, _Codec] = {
+    types_pb2.DT_FLOAT: _Codec(np.dtype(np.float32), "float_val"),
+    types_pb2.DT_DOUBLE: _Codec(np.dtype(np.float64), "double_val"),
+    types_pb2.DT_HALF: _Codec(np.dtype(np.float16), "half_val", via=np.dtype(np.uint16)),
+    types_pb2.DT_BFLOAT16: _Codec(np.dtype(ml_dtypes.bfloat16), "half_val", via=np.dtype(np.uint16)),
+    types_pb2.DT_INT32: _Codec(np.dtype(np.int32), "int_val"),
+    types_pb2.DT_INT16: _Codec(np.dtype(np.int16), "int_val"),
+    types_pb2.DT_INT8: _Codec(np.dtype(np.int8), "int_val"),
+    types_pb2.DT_UINT8: _Codec(np.dtype(np.uint8), "int_val"),
+    types_pb2.DT_UINT16: _Codec(np.dtype(np.uint16), "int_val"),
+    types_pb2.DT_INT64: _Codec(np.dtype(np.int64), "int64_val"),
+    types_pb2.DT_UINT32: _Codec(np.dtype(np.uint32), "uint32_val"),
+    types_pb2.DT_UINT64: _Codec(np.dtype(np.uint64), "uint64_val"),
+    types_pb2.DT_BOOL: _Codec(np.dtype(np.bool_), "bool_val"),
+    types_pb2.DT_COMPLEX64: _Codec(np.dtype(np.complex64), "scomplex_val", per_element=2, via=np.dtype(np.float32)),
+    types_pb2.DT_COMPLEX128: _Codec(np.dtype(np.complex128), "dcomplex_val", per_element=2,
+                                    via=np.dtype(np.float64)),
+    types_pb2.DT_STRING: _Codec(None, "string_val"),
 }
+_ENUM_BY_NUMPY: dict[np.dtype, int] = {codec.np_dtype: enum for enum, codec in _CODECS.items()
+                                       if codec.np_dtype is not None}
+_REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100: a reference-typed tensor carries values of its base type
 
 
 def dtype_name(dtype_enum: int) -> str:
+    """TensorFlow's DataTypeString ("float", "int32", "string"), as its error messages name dtypes."""
     try:
-        return tf.dtypes.as_dtype(dtype_enum).name
-    except TypeError:
+        return types_pb2.DataType.Name(dtype_enum)[len("DT_"):].lower()
+    except ValueError:
         return f"unknown dtype {dtype_enum}"
 
 
-def proto_to_ndarray(name: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
-    """Decodes one request tensor; every malformed tensor becomes INVALID_ARGUMENT naming the input."""
-    dims = [d.size for d in proto.tensor_shape.dim]
-    if proto.tensor_shape.unknown_rank or any(d < 0 for d in dims):
-        raise invalid_argument(f"input tensor '{name}' has an unknown or negative dimension: {dims}")
-    count = math.prod(dims)
-    if count > MAX_TENSOR_ELEMENTS:
-        raise invalid_argument(f"input tensor '{name}' has {count} elements, more than the {MAX_TENSOR_ELEMENTS} allowed")
-    np_dtype = _NUMERIC_DTYPES.get(proto.dtype)
-    if np_dtype is not None and proto.tensor_content:
-        if len(proto.tensor_content) != count * np_dtype.itemsize:
-            raise invalid_argument(f"input tensor '{name}': tensor_content holds {len(proto.tensor_content)} bytes, "
-                                   f"shape {dims} of {dtype_name(proto.dtype)} needs {count * np_dtype.itemsize}")
-        return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(dims)
+def base_dtype(dtype_enum: int) -> int:
+    return dtype_enum - _REF_OFFSET if dtype_enum > _REF_OFFSET else dtype_enum
+
+
+def _declared_dims(alias: str, shape: tensor_shape_pb2.TensorShapeProto) -> list[int]:
+    dims = [d.size for d in shape.dim]
+    if shape.unknown_rank or any(d < 0 for d in dims):
+        raise invalid_argument(f"input tensor '{alias}' has an unknown or negative dimension: {dims}")
+    if len(dims) > MAX_RANK:
+        raise invalid_argument(f"input tensor '{alias}' has rank {len(dims)}, more than {MAX_RANK}")
+    return dims
+
+
+def _check_size(alias: str, dims: list[int], carried: int, itemsize: int) -> int:
+    """Refuses a declared shape that stands for much more than the tensor carries; returns its element count.
+
+    `carried`: elements the request actually holds. An empty tensor counts its non-zero dimensions, since the
+    graph may build outputs from them ([2^30, 0] ids give [2^30] scores)."""
+    nominal = math.prod(max(d, 1) for d in dims)
+    if nominal > MAX_TENSOR_ELEMENTS:
+        raise invalid_argument(f"input tensor '{alias}' declares shape {dims}: {nominal} elements (counting the "
+                               f"dimensions of an empty tensor), more than the {MAX_TENSOR_ELEMENTS} allowed")
+    if (nominal - min(carried, nominal)) * itemsize > MAX_EXPANSION_BYTES:
+        raise invalid_argument(f"input tensor '{alias}' declares shape {dims} ({nominal} elements) but carries "
+                               f"{carried} values; a tensor may leave at most {MAX_EXPANSION_BYTES} bytes to be "
+                               f"filled in")
+    return math.prod(dims)
+
+
+def check_dtype(alias: str, info: meta_graph_pb2.TensorInfo, dtype_enum: int) -> None:
+    """The request's dtype must be the signature's (checked before decoding: dtypes set what decoding costs)."""
+    expected = base_dtype(info.dtype)
+    if dtype_enum != expected:
+        raise invalid_argument(f"Expects arg[{alias}] to be {dtype_name(expected)} but {dtype_name(dtype_enum)} "
+                               f"is provided")
+
+
+def proto_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, proto: tensor_pb2.TensorProto) -> np.ndarray:
+    """Decodes one request tensor for a signature input: dtype, then size, then values. Errors name the input."""
+    check_dtype(alias, info, proto.dtype)
+    codec = _CODECS.get(proto.dtype)
+    if codec is None:
+        raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(proto.dtype)} is not supported")
+    dims = _declared_dims(alias, proto.tensor_shape)
+    if proto.tensor_content:
+        if codec.np_dtype is None:
+            raise invalid_argument(f"input tensor '{alias}': string tensors must carry their values in string_val")
+        count = _check_size(alias, dims, len(proto.tensor_content) // codec.itemsize, codec.itemsize)
+        if len(proto.tensor_content) != count * codec.itemsize:
+            raise invalid_argument(f"input tensor '{alias}': tensor_content holds {len(proto.tensor_content)} bytes, "
+                                   f"shape {dims} of {dtype_name(proto.dtype)} needs {count * codec.itemsize}")
+        return np.frombuffer(proto.tensor_content, dtype=codec.np_dtype).reshape(dims)
+    field = getattr(proto, codec.field)
+    carried, extra = divmod(len(field), codec.per_element)
+    count = _check_size(alias, dims, carried, codec.itemsize)
+    if extra or carried > count:
+        raise invalid_argument(f"tensor parsing error: {alias} ({carried} values for shape {dims})")
+    if codec.np_dtype is None:
+        values = np.empty(carried, dtype=object)
+        values[:] = list(field)
+        fill = b""
+    else:
+        values = _typed_values(alias, field, codec)
+        fill = 0
+    if carried < count:  # TensorFlow's Tensor::FromProto: the last value repeats, zeros if there is none
+        padding = np.full(count - carried, values[-1] if carried else fill, dtype=values.dtype)
+        values = np.concatenate([values, padding])
+    return values.reshape(dims)
+
+
+def _typed_values(alias: str, field, codec: _Codec) -> np.ndarray:
+    """A typed field's values as the codec's dtype; ints wrap to narrower types as TensorFlow's casts do."""
     try:
-        return tf.make_ndarray(proto)
-    except Exception as exc:  # tensor_util raises TypeError/ValueError/KeyError on malformed protos
-        raise invalid_argument(f"input tensor '{name}' cannot be parsed: {exc}") from exc
+        if codec.field == "int_val":
+            return np.array(field, dtype=np.int64).astype(codec.np_dtype)
+        values = np.array(field, dtype=codec.via or codec.np_dtype)
+    except (OverflowError, ValueError) as exc:
+        raise invalid_argument(f"tensor parsing error: {alias} ({exc})") from exc
+    return values.view(codec.np_dtype) if codec.via is not None else values
 
 
-def ndarray_to_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
-    """Encodes a numeric output as tensor_content (what TF Serving itself returns)."""
-    array = np.ascontiguousarray(array)
-    for enum, np_dtype in _NUMERIC_DTYPES.items():
-        if array.dtype == np_dtype:
-            shape = tensor_shape_pb2.TensorShapeProto(
-                dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in array.shape])
-            return tensor_pb2.TensorProto(dtype=enum, tensor_shape=shape, tensor_content=array.tobytes())
-    return tf.make_tensor_proto(array)
+def decode_inputs(signature, protos: Mapping[str, tensor_pb2.TensorProto]) -> dict[str, np.ndarray]:
+    """A request's inputs (signature defaults filling absent ones), names checked before anything is decoded."""
+    signature.check_input_names(list(protos))
+    return {alias: proto_to_ndarray(alias, info, protos[alias] if alias in protos else signature.defaults[alias])
+            for alias, info in signature.inputs.items()}
+
+
+def ndarray_to_proto(array: np.ndarray, as_tensor_content: bool = False) -> tensor_pb2.TensorProto:
+    """An output as TF Serving returns it: typed fields (Tensor::AsProtoField), or tensor_content on request."""
+    array = np.asarray(array)
+    if array.dtype.kind in "OSU":
+        enum = types_pb2.DT_STRING
+    else:
+        enum = _ENUM_BY_NUMPY.get(array.dtype)
+        if enum is None:
+            raise invalid_argument(f"output dtype {array.dtype} cannot be returned")
+    codec = _CODECS[enum]
+    proto = tensor_pb2.TensorProto(dtype=enum, tensor_shape=tensor_shape_pb2.TensorShapeProto(
+        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in array.shape]))
+    flat = array.ravel()
+    if enum == types_pb2.DT_STRING:
+        proto.string_val.extend(value if isinstance(value, bytes) else str(value).encode() for value in flat)
+    elif as_tensor_content:
+        proto.tensor_content = np.ascontiguousarray(flat).tobytes()
+    elif codec.via is not None:
+        getattr(proto, codec.field).extend(flat.view(codec.via).tolist())
+    else:
+        getattr(proto, codec.field).extend(flat.tolist())
+    return proto
 
 
 def json_to_ndarray(name: str, value: object, dtype_enum: int) -> np.ndarray:
-    """A REST value (nested lists of numbers) as an array of the signature's dtype, refusing lossy conversions."""
-    np_dtype = _NUMERIC_DTYPES.get(dtype_enum)
-    if np_dtype is None:
+    """A REST value (nested lists of numbers, or of strings / {"b64": ...} for DT_STRING) as an array of the
+    signature's dtype, refusing lossy conversions."""
+    dtype_enum = base_dtype(dtype_enum)
+    if dtype_enum == types_pb2.DT_STRING:
+        return _json_strings(name, value)
+    codec = _CODECS.get(dtype_enum)
+    if codec is None or codec.np_dtype is None or codec.per_element != 1:
         raise invalid_argument(f"input '{name}': dtype {dtype_name(dtype_enum)} is not supported over REST here")
+    np_dtype = codec.np_dtype
     try:
         array = np.asarray(value)
     except (ValueError, TypeError) as exc:
@@ -84,3 +212,55 @@ def json_to_ndarray(name: str, value: object, dtype_enum: int) -> np.ndarray:
         if info is not None and array.size and (array.min() < info.min or array.max() > info.max):
             raise invalid_argument(f"input '{name}' has values outside the {np_dtype.name} range")
     return array.astype(np_dtype, copy=False)
+
+
+def _json_strings(name: str, value: object) -> np.ndarray:
+    """Strings as UTF-8 bytes, {"b64": "..."} objects as their decoded bytes (TF Serving's REST encoding)."""
+    def leaf(item: object) -> bytes:
+        if isinstance(item, str):
+            return item.encode("utf-8")
+        if isinstance(item, dict) and set(item) == {"b64"} and isinstance(item["b64"], str):
+            try:
+                return base64.b64decode(item["b64"], validate=True)
+            except ValueError as exc:
+                raise invalid_argument(f"JSON Value: {item} not formatted correctly for base64 data") from exc
+        raise invalid_argument(f"input '{name}' expects strings (or {{\"b64\": ...}} objects), got "
+                               f"{type(item).__name__}")
+
+    def shape_of(item: object) -> list[int]:
+        return [len(item), *shape_of(item[0])] if isinstance(item, list) and item else (
+            [0] if isinstance(item, list) else [])
+
+    dims = shape_of(value)
+    flat: list[bytes] = []
+
+    def walk(item: object, depth: int) -> None:
+        if depth == len(dims):
+            flat.append(leaf(item))
+            return
+        if not isinstance(item, list) or len(item) != dims[depth]:
+            raise invalid_argument(f"input '{name}' is not a rectangular list of strings")
+        for child in item:
+            walk(child, depth + 1)
+
+    walk(value, 0)
+    array = np.empty(len(flat), dtype=object)
+    array[:] = flat
+    return array.reshape(dims)
+
+
+def json_value(alias: str, array: np.ndarray) -> object:
+    """An output as REST JSON: numbers as lists; strings as UTF-8 text, or {"b64": ...} where the alias ends in
+    "_bytes" or the bytes are not UTF-8 (TF Serving's rule)."""
+    if array.dtype != object and array.dtype.kind not in "SU":
+        return array.tolist()
+
+    def text(value: bytes) -> object:
+        if not alias.endswith("_bytes"):
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        return {"b64": base64.b64encode(value).decode("ascii")}
+
+    return np.vectorize(text, otypes=[object])(array).tolist() if array.size else array.tolist()

@@ -223,11 +223,15 @@ def test_bad_requests_get_tf_serving_codes_over_grpc_and_rest(server, case):
         assert reply.json()["error"]
 
 
-def test_unimplemented_apis_and_health(server):
+def test_classify_on_a_token_signature_and_health(server):
+    """Classify is served (test_classify_regress.py); the ranker's signature is no classification signature."""
     request = classification_pb2.ClassificationRequest(model_spec=model_pb2.ModelSpec(name="tiny"))
-    assert _code(server.predict.Classify, request, timeout=30) == grpc.StatusCode.UNIMPLEMENTED
-    reply = requests.post(f"{server.rest}/v1/models/tiny:classify", json={"examples": []}, timeout=30)
-    assert reply.status_code == 501
+    request.input.example_list.examples.add()
+    with pytest.raises(grpc.RpcError) as info:
+        server.predict.Classify(request, timeout=30)
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Expected one input Tensor.")
+    reply = requests.post(f"{server.rest}/v1/models/tiny:classify", json={"examples": [{"x": 1.0}]}, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"] == "Expected one input Tensor."
     health = health_pb2_grpc.HealthStub(server.channel)
     assert health.Check(health_pb2.HealthCheckRequest(service="tensorflow.serving.PredictionService"),
                         timeout=10).status == health_pb2.HealthCheckResponse.SERVING
