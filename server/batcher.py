@@ -83,11 +83,15 @@ class _Batch:
 class BatchScheduler:
     """The shared batch thread pool: picks the next ready batch across all queues."""
 
-    def __init__(self, num_threads: int, thread_pool_name: str):
+    def __init__(self, num_threads: int, thread_pool_name: str,
+                 on_failure: Callable[[str], None] = lambda reason: None):
+        """on_failure(reason) runs once if a batch thread dies (health then stops saying SERVING)."""
         self.condition = threading.Condition()
         self._queues: list[BatchingQueue] = []
         self._next = 0
         self._stopping = False
+        self.failure: str | None = None  # why scheduling stopped for good; None while it runs
+        self._on_failure = on_failure
         self._threads = [threading.Thread(target=self._work, name=f"{thread_pool_name}_{i}", daemon=True)
                          for i in range(num_threads)]
         for thread in self._threads:
@@ -132,17 +136,38 @@ class BatchScheduler:
         return wake
 
     def _work(self) -> None:
-        while True:
-            with self.condition:
-                while True:
-                    picked = self._pick(time.monotonic())
-                    if isinstance(picked, tuple):
-                        break
-                    if picked is None and self._stopping:
-                        return
-                    self.condition.wait(None if picked is None else max(0.0, picked - time.monotonic()))
-            queue, batch = picked
-            queue.process(batch)
+        try:
+            while True:
+                batch = None
+                with self.condition:
+                    while True:
+                        picked = self._pick(time.monotonic())
+                        if isinstance(picked, tuple):
+                            break
+                        if picked is None and self._stopping:
+                            return
+                        self.condition.wait(None if picked is None else max(0.0, picked - time.monotonic()))
+                queue, batch = picked
+                queue.process(batch)
+        except BaseException as exc:  # noqa: BLE001 - a dead batch thread must not leave a scheduler looking alive
+            self._fail(f"batch thread {threading.current_thread().name} died: {type(exc).__name__}: {exc}", batch)
+
+    def _fail(self, reason: str, running: "_Batch | None") -> None:
+        """Stops scheduling for good: queued and running requests are answered UNAVAILABLE, new ones refused at
+        once (BatchingQueue.submit), and on_failure tells health, instead of requests hanging to their deadline."""
+        with self.condition:
+            first, self.failure = self.failure is None, self.failure or reason
+            self._stopping = True
+            stranded = [task for queue in self._queues for queued in queue.batches for task in queued.tasks]
+            for queue in self._queues:
+                queue.batches.clear()
+            self.condition.notify_all()
+        stranded += [task for task in (running.tasks if running else []) if task.outputs is None and task.error is None]
+        for task in stranded:
+            task.finish(error=unavailable(f"batch scheduler stopped: {reason}"))
+        if first:
+            log.error("batch scheduler stopped: %s", reason)
+            self._on_failure(reason)
 
 
 class BatchingQueue:
@@ -172,6 +197,8 @@ class BatchingQueue:
         key = self._shape_key(inputs)
         limit = options.execution_limit
         with self.scheduler.condition:
+            if self.scheduler.failure is not None:
+                raise unavailable(f"batch scheduler stopped: {self.scheduler.failure}")
             if self.closing:
                 raise unavailable(f"servable {self.model} is unloading; retry")
             open_batch = self.batches[-1] if self.batches else None

@@ -8,9 +8,13 @@ import os
 from google.protobuf import message, text_format
 from tensorflow_serving.config import model_server_config_pb2
 
-from bertserve.server import batching_parameters_pb2, monitoring_config_pb2
+from bertserve.server import base_paths, batching_parameters_pb2, monitoring_config_pb2
 
 DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
+# A batch timeout above an hour is a unit mistake (the field is microseconds) and would hold every batch past any
+# request's deadline; a batch thread pool above this many threads is a typo, each being an OS thread started at once.
+MAX_BATCH_TIMEOUT_MICROS = 3600 * 1000 * 1000
+MAX_BATCH_THREADS = 1024
 
 
 class ConfigError(ValueError):
@@ -26,7 +30,10 @@ def parse_text_proto(path: str, proto: message.Message) -> message.Message:
 
 
 def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerConfig:
+    """The --model_config_file; an empty file means no models yet (HandleReloadConfigRequest adds them)."""
     config = parse_text_proto(path, model_server_config_pb2.ModelServerConfig())
+    if config.WhichOneof("config") is None:
+        config.model_config_list.SetInParent()
     check_model_server_config(config)
     return config
 
@@ -40,8 +47,9 @@ def single_model_config(name: str, base_path: str) -> model_server_config_pb2.Mo
 
 
 def check_model_server_config(config: model_server_config_pb2.ModelServerConfig) -> None:
-    """TF Serving's ServerCore checks: a model_config_list, unique names, non-empty absolute base paths."""
-    if config.WhichOneof("config") != "model_config_list":
+    """TF Serving's ServerCore checks, with its messages: a model_config_list, unique names, absolute base paths
+    (or URIs), and a platform given one way only (model_platform, or the deprecated model_type)."""
+    if config.WhichOneof("config") not in (None, "model_config_list"):
         raise ConfigError("only model_config_list is supported (custom_model_config is not)")
     seen: set[str] = set()
     for entry in config.model_config_list.config:
@@ -50,9 +58,17 @@ def check_model_server_config(config: model_server_config_pb2.ModelServerConfig)
         if entry.name in seen:
             raise ConfigError(f"Illegal to list model {entry.name} multiple times in config list")
         seen.add(entry.name)
-        if not entry.base_path:
-            raise ConfigError(f"model {entry.name} has an empty base_path")
-        if entry.model_platform not in ("", "tensorflow"):
+        if not base_paths.is_absolute(entry.base_path):
+            raise ConfigError(f"Expected model {entry.name} to have an absolute path or URI; "
+                              f"found: {entry.base_path!r}")
+        if entry.model_type != model_server_config_pb2.MODEL_TYPE_UNSPECIFIED:
+            if entry.model_platform:
+                raise ConfigError(f"model {entry.name}: Illegal setting both ModelServerConfig::model_type "
+                                  f"(deprecated) and ModelServerConfig::model_platform.")
+            if entry.model_type != model_server_config_pb2.TENSORFLOW:
+                raise ConfigError(f"model {entry.name}: ModelServerConfig::model_type choice "
+                                  f"{model_server_config_pb2.ModelType.Name(entry.model_type)} not supported.")
+        elif entry.model_platform not in ("", "tensorflow"):
             raise ConfigError(f"model {entry.name}: unsupported model_platform {entry.model_platform!r}")
 
 
@@ -103,15 +119,27 @@ def batching_options_from_proto(params: batching_parameters_pb2.BatchingParamete
 
 
 def check_batching_options(options: BatchingOptions) -> None:
+    """TF Serving's checks (SharedBatchScheduler, BatchingSession) with its messages, plus upper bounds on what
+    would otherwise start a thread per unit or wait past any deadline: a file failing them stops the server at
+    start, so no batch thread can be started with values it cannot run."""
     for name in ("max_batch_size", "num_batch_threads", "max_enqueued_batches", "max_execution_batch_size"):
         if getattr(options, name) < 1:
-            raise ConfigError(f"BatchingParameters.{name} must be >= 1, got {getattr(options, name)}")
-    if options.batch_timeout_micros < 0:
-        raise ConfigError(f"BatchingParameters.batch_timeout_micros must be >= 0, got {options.batch_timeout_micros}")
+            raise ConfigError(f"BatchingParameters.{name} must be positive; was {getattr(options, name)}")
+    if not 0 <= options.batch_timeout_micros <= MAX_BATCH_TIMEOUT_MICROS:
+        raise ConfigError(f"BatchingParameters.batch_timeout_micros must be non-negative and at most "
+                          f"{MAX_BATCH_TIMEOUT_MICROS} (an hour); was {options.batch_timeout_micros}")
+    if options.num_batch_threads > MAX_BATCH_THREADS:
+        raise ConfigError(f"BatchingParameters.num_batch_threads must be at most {MAX_BATCH_THREADS}; "
+                          f"was {options.num_batch_threads}")
+    if options.enable_large_batch_splitting and options.max_execution_batch_size > options.max_batch_size:
+        raise ConfigError(f"When enable_large_batch_splitting is true, max_batch_size ({options.max_batch_size}) "
+                          f"must be greater than or equal to max_execution_batch_size "
+                          f"({options.max_execution_batch_size})")
     sizes = options.allowed_batch_sizes
     if sizes:
         if any(b <= a for a, b in zip(sizes, sizes[1:])) or sizes[0] < 1:
-            raise ConfigError(f"allowed_batch_sizes entries must be positive and monotonically increasing: {list(sizes)}")
+            raise ConfigError(f"allowed_batch_sizes entries must be positive and monotonically increasing: "
+                              f"{list(sizes)}")
         limit_name = "max_execution_batch_size" if options.enable_large_batch_splitting else "max_batch_size"
         if sizes[-1] != options.execution_limit:
             raise ConfigError(f"final entry in allowed_batch_sizes ({sizes[-1]}) must equal {limit_name} "

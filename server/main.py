@@ -14,7 +14,8 @@ from bertserve.server.config_files import (ConfigError, read_batching_options, r
                                            read_prometheus_path, single_model_config, BatchingOptions)
 from bertserve.server.flags import FlagError, ServerOptions, parse_flags
 from bertserve.server.grpc_service import start_grpc_server
-from bertserve.server.manager import ManagerOptions, ModelManager
+from bertserve.server.errors import ServingError
+from bertserve.server.manager import ManagerOptions, ModelManager, StartupError
 from bertserve.server.metrics import ServerMetrics
 from bertserve.server.predict import Predictor
 from bertserve.server.rest import RestApi, RestServer
@@ -74,6 +75,7 @@ class _ConfigFileWatcher:
         self._last = text
         self.manager.apply_config(read_model_server_config(self.path))
         self.manager.poll()
+        self.manager.check_labels()
         log.info("model config file %s reloaded", self.path)
 
 
@@ -105,11 +107,13 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
         allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
         batching=batching, max_load_retries=options.max_num_load_retries,
         load_retry_interval_seconds=max(0.0, options.load_retry_interval_micros / 1e6)), metrics)
-    manager.apply_config(config)
-    manager.poll()
+    # As tensorflow_model_server: start only once every configured model serves; a model that cannot load (or
+    # a label that cannot apply) ends the process rather than leaving it up without that model.
     try:
+        manager.apply_config(config)
+        manager.load_startup_models(stop)
         manager.check_labels()
-    except Exception as exc:  # noqa: BLE001
+    except (StartupError, ServingError, ConfigError) as exc:
         log.error("%s", exc)
         manager.shutdown()
         return 1

@@ -1,9 +1,14 @@
 """Model registry: which versions of which models serve, following ModelServerConfig and the file system.
 
-Mirrors TF Serving's ServerCore with the AvailabilityPreservingPolicy: a poll lists each base path's numbered
-version directories, applies the model's version policy, loads (and warms up) new versions first, and only then
-unloads versions no longer wanted, each after its in-flight requests finish. A version that fails to load is kept
-in the status table with its error; other models and versions keep serving.
+Mirrors TF Serving's ServerCore with the AvailabilityPreservingPolicy: a poll lists each base path's version
+directories (base_paths: int64 names, through tf.io.gfile), applies the model's version policy, loads (and warms
+up) new versions first, and only then unloads versions no longer wanted, each after its in-flight requests
+finish. A version that fails to load is kept in the status table with its error; other models and versions keep
+serving. Like TF Serving's ServableStateMonitor, the table outlives the config: a version unloaded because its
+model left the config reports END, not NOT_FOUND.
+
+Version labels are their own table, replaced only when every label of a new config passes TF Serving's checks
+(check_labels), so a refused reload leaves the labels requests resolve unchanged.
 """
 
 from __future__ import annotations
@@ -11,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
+from bertserve.server import base_paths
 from bertserve.server.batcher import BatchingQueue, BatchScheduler
 from bertserve.server.config_files import BatchingOptions, check_model_server_config
 from bertserve.server.errors import ServingError, failed_precondition, from_exception, invalid_argument, not_found
@@ -46,11 +51,22 @@ class VersionRecord:
                 and time.monotonic() - self.failed_at >= interval_seconds)
 
 
+    def failed_for_good(self, max_retries: int) -> bool:
+        """A failed load with no retry left."""
+        return self.state == State.END and self.error is not None and self.failed_attempts > max_retries
+
+
 @dataclasses.dataclass
 class ModelEntry:
     config: model_server_config_pb2.ModelConfig
     versions: dict[int, VersionRecord] = dataclasses.field(default_factory=dict)
     source_error: str = ""
+    aspired: list[int] = dataclasses.field(default_factory=list)  # what the last poll wanted
+    in_config: bool = True  # False once a reload removed the model: its statuses stay, it serves nothing
+
+
+class StartupError(RuntimeError):
+    """A model of the startup config cannot serve: tensorflow_model_server exits in that case."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,12 +88,6 @@ class ManagerOptions:
     load_retry_interval_seconds: float = 60.0
 
 
-def list_versions(base_path: str) -> list[int]:
-    """Numbered child directories of a base path (TF Serving's FileSystemStoragePathSource)."""
-    return sorted(int(name) for name in os.listdir(base_path)
-                  if name.isdigit() and os.path.isdir(os.path.join(base_path, name)))
-
-
 def aspired_versions(policy: model_server_config_pb2.FileSystemStoragePathSourceConfig.ServableVersionPolicy,
                      found: list[int]) -> list[int]:
     kind = policy.WhichOneof("policy_choice")
@@ -90,13 +100,16 @@ def aspired_versions(policy: model_server_config_pb2.FileSystemStoragePathSource
 
 
 class ModelManager:
-    def __init__(self, options: ManagerOptions, metrics: ServerMetrics):
+    def __init__(self, options: ManagerOptions, metrics: ServerMetrics,
+                 on_batch_failure: Callable[[str], None] = lambda reason: None):
+        """on_batch_failure(reason): the batch scheduler died; the server must stop reporting SERVING."""
         self.options, self.metrics = options, metrics
         self._models: dict[str, ModelEntry] = {}
+        self._labels: dict[str, dict[str, int]] = {}  # model -> label -> version, as check_labels last accepted
         self._lock = threading.Lock()          # guards the tables; never held while loading
         self._poll_lock = threading.Lock()     # one poll / config change at a time
         batching = options.batching
-        self._scheduler = (BatchScheduler(batching.num_batch_threads, batching.thread_pool_name)
+        self._scheduler = (BatchScheduler(batching.num_batch_threads, batching.thread_pool_name, on_batch_failure)
                            if batching is not None else None)
         if batching is not None:
             metrics.thread_pool_name = batching.thread_pool_name
@@ -104,17 +117,22 @@ class ModelManager:
     # ---- configuration and polling -------------------------------------------------------------------------
 
     def apply_config(self, config: model_server_config_pb2.ModelServerConfig) -> None:
-        """Adds, updates and removes models; removed models' versions unload. Loads happen on the next poll."""
+        """Adds, updates and removes models; removed models' versions unload (their statuses stay, END). Loads
+        happen on the next poll; labels change with check_labels."""
         check_model_server_config(config)
         wanted = {entry.name: entry for entry in config.model_config_list.config}
         with self._poll_lock:
             with self._lock:
-                removed = [self._models.pop(name) for name in list(self._models) if name not in wanted]
+                removed = [entry for name, entry in self._models.items() if name not in wanted and entry.in_config]
+                for entry in removed:
+                    entry.in_config = False
+                    self._labels.pop(entry.config.name, None)
                 for name, entry in wanted.items():
                     if name in self._models:
-                        self._models[name].config = entry
+                        self._models[name].config, self._models[name].in_config = entry, True
                     else:
                         self._models[name] = ModelEntry(config=entry)
+            self.metrics.set_model_names(frozenset(wanted))
             for entry in removed:
                 for record in list(entry.versions.values()):
                     self._unload(entry.config.name, record)
@@ -123,39 +141,84 @@ class ModelManager:
         """One pass over every base path: load newly aspired versions, then unload the ones no longer aspired."""
         with self._poll_lock:
             with self._lock:
-                entries = list(self._models.values())
+                entries = [entry for entry in self._models.values() if entry.in_config]
             for entry in entries:
                 self._poll_model(entry)
 
+    def load_startup_models(self, stop: threading.Event, poll_seconds: float = 0.5) -> None:
+        """TF Serving's start: polls until every configured model serves all the versions its policy wants.
+
+        Waits while a base path is missing or has no version yet (TF Serving waits too, logging why), and while
+        a failed load still has retries left. Raises StartupError once a wanted version failed for good, so the
+        process exits instead of serving with a model missing.
+        """
+        waiting_logged: set[str] = set()
+        while True:
+            self.poll()
+            pending = []
+            with self._lock:
+                for name, entry in sorted(self._models.items()):
+                    if not entry.in_config:
+                        continue
+                    for version in entry.aspired:
+                        record = entry.versions.get(version)
+                        if record is not None and record.failed_for_good(self.options.max_load_retries):
+                            raise StartupError(f"Loading servable {{name: {name} version: {version}}} failed: "
+                                               f"{record.error}")
+                    if not entry.aspired or any(entry.versions[v].state != State.AVAILABLE for v in entry.aspired
+                                                if v in entry.versions):
+                        pending.append((name, entry.source_error))
+            if not pending:
+                return
+            for name, why in pending:
+                if why and name not in waiting_logged:
+                    waiting_logged.add(name)
+                    log.warning("waiting for model %s: %s", name, why)
+            if stop.wait(poll_seconds):
+                raise StartupError(f"stopped while waiting for models {', '.join(n for n, _ in pending)}")
+
     def check_labels(self) -> None:
-        """TF Serving refuses a label naming a version that is not available (unless allowed by flag)."""
-        if self.options.allow_labels_for_unavailable:
-            return
+        """TF Serving's label rules, then the config's labels become the ones requests resolve (all or none).
+
+        A label must name an available version, unless --allow_version_labels_for_unavailable_models is set and
+        the label is new or keeps its version: an existing label never moves onto an unavailable version.
+        Raises FAILED_PRECONDITION naming the first label that breaks them; the previous labels then stay.
+        """
         with self._lock:
-            for entry in self._models.values():
+            labels: dict[str, dict[str, int]] = {}
+            for name, entry in self._models.items():
+                if not entry.in_config:
+                    continue
+                current = self._labels.get(name, {})
                 for label, version in entry.config.version_labels.items():
+                    moves = label in current and current[label] != version
+                    if self.options.allow_labels_for_unavailable and not moves:
+                        continue
                     record = entry.versions.get(version)
                     if record is None or record.state != State.AVAILABLE:
                         raise failed_precondition(
-                            f"Request to assign label to version {version} of model {entry.config.name}, which is "
-                            f"not currently available for inference")
+                            f"Request to assign label to version {version} of model {name}, which is not "
+                            f"currently available for inference")
+                labels[name] = dict(entry.config.version_labels)
+            self._labels = labels
 
     def _poll_model(self, entry: ModelEntry) -> None:
         name, base_path = entry.config.name, entry.config.base_path
         try:
-            found = list_versions(base_path)
+            found = base_paths.list_version_dirs(base_path)
         except OSError as exc:
             if entry.source_error != str(exc):
-                log.error("model %s: cannot list base path %s: %s", name, base_path, exc)
+                log.error("model %s: %s", name, exc)
             entry.source_error = str(exc)
             return
         entry.source_error = "" if found else f"No versions of servable {name} found under base path {base_path}"
-        wanted = aspired_versions(entry.config.model_version_policy, found)
+        wanted = aspired_versions(entry.config.model_version_policy, sorted(found))
+        entry.aspired = wanted
         for version in wanted:
             record = entry.versions.get(version)
             if (record is None or record.state == State.END and record.error is None
                     or record.should_retry(self.options.max_load_retries, self.options.load_retry_interval_seconds)):
-                self._load(entry, version, record.failed_attempts if record is not None else 0)
+                self._load(entry, version, found[version], record.failed_attempts if record is not None else 0)
         # Availability preserving: old versions go only once a wanted one serves (a failed new version leaves
         # the old one serving).
         if any(entry.versions[v].state == State.AVAILABLE for v in wanted if v in entry.versions):
@@ -165,9 +228,9 @@ class ModelManager:
 
     # ---- load / unload -------------------------------------------------------------------------------------
 
-    def _load(self, entry: ModelEntry, version: int, failed_attempts: int) -> None:
+    def _load(self, entry: ModelEntry, version: int, path: str, failed_attempts: int) -> None:
+        """Loads from the directory's own name (00000123 stays 00000123; version 123 is only its number)."""
         name = entry.config.name
-        path = os.path.join(entry.config.base_path, str(version))
         record = VersionRecord(version=version, state=State.LOADING, failed_attempts=failed_attempts)
         with self._lock:
             entry.versions[version] = record
@@ -238,15 +301,16 @@ class ModelManager:
 
     def _entry(self, name: str) -> ModelEntry:
         entry = self._models.get(name)
-        if entry is None:
+        if entry is None or not entry.in_config:
             raise not_found(f"Servable not found for request: Latest({name})")
         return entry
 
     def _resolve_version(self, entry: ModelEntry, version: int | None, label: str | None) -> int | None:
         if label:
-            if label not in entry.config.version_labels:
+            labels = self._labels.get(entry.config.name, {})
+            if label not in labels:
                 raise invalid_argument(f"Unrecognized servable version label: {label}")
-            return entry.config.version_labels[label]
+            return labels[label]
         return version
 
     @contextlib.contextmanager
@@ -298,6 +362,7 @@ class ModelManager:
             return statuses
 
     def model_names(self) -> list[str]:
+        """The models the config lists now."""
         with self._lock:
-            return sorted(self._models)
+            return sorted(name for name, entry in self._models.items() if entry.in_config)
 

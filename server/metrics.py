@@ -3,6 +3,9 @@
 TF Serving exports its monitoring counters as `counter` type without prometheus_client's `_total` suffix
 (e.g. `:tensorflow:serving:request_count{model_name,status}`); those few counters are rendered here exactly,
 the histograms go through prometheus_client.
+
+Label values come from the configuration, never from a request: a request naming a model the config does not
+list is counted under UNKNOWN_MODEL_LABEL, so a client cannot grow the metrics page by inventing names.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from prometheus_client.metrics import disable_created_metrics
 from prometheus_client.utils import floatToGoString
 
 disable_created_metrics()
+
+UNKNOWN_MODEL_LABEL = "<unknown model>"
 
 
 def _exponential(start: float, factor: float, count: int) -> list[float]:
@@ -94,10 +99,20 @@ class ServerMetrics:
             "bertserve_queue_delay_seconds", "Time a request waited in the batching queue.",
             ("model_name", "signature"), buckets=_exponential(25e-6, 2, 16), registry=self.registry)
         self.thread_pool_name = "model_server_batch_threads"
+        self._model_names: frozenset[str] = frozenset()
         self.model_versions = Gauge("bertserve_available_model_versions", "Versions serving per model.",
                                     ("model_name",), registry=self.registry)
 
+    def set_model_names(self, names: frozenset[str]) -> None:
+        """The models the config lists now (the manager calls this on every config change)."""
+        self._model_names = names
+
+    def model_label(self, name: str) -> str:
+        return name if name in self._model_names else UNKNOWN_MODEL_LABEL
+
     def request_done(self, model: str, api: str, entrypoint: str, status: str, seconds: float) -> None:
+        """`model` is what the request named; `status` a gRPC code name (a closed set)."""
+        model = self.model_label(model)
         self.request_count.inc(model, status)
         self.request_latency.labels(model, api, entrypoint).observe(seconds * 1e6)
 

@@ -97,7 +97,7 @@ def test_unset_batching_fields_take_tf_serving_defaults():
     ("max_batch_size { value: 32 } allowed_batch_sizes: 8 allowed_batch_sizes: 16", "must equal max_batch_size"),
     ("max_batch_size { value: 64 } enable_large_batch_splitting { value: true } max_execution_batch_size "
      "{ value: 16 } allowed_batch_sizes: 8 allowed_batch_sizes: 64", "must equal max_execution_batch_size"),
-    ("num_batch_threads { value: 0 }", "num_batch_threads must be >= 1"),
+    ("num_batch_threads { value: 0 }", "num_batch_threads must be positive"),
     ("batch_timeout_micros { value: -5 }", "batch_timeout_micros"),
 ])
 def test_batching_load_time_checks(text, message):

@@ -8,7 +8,6 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import get_model_status_pb2
 
 from bertserve.client.server_process import write_model_config
 from bertserve.export.graph import build_ranker_module
@@ -68,17 +67,17 @@ def test_exported_versions_serve_equal_to_direct_calls(exported, tmp_path, start
 
 
 def test_missing_op_library_fails_only_the_fused_model(exported, tmp_path, start_server):
-    """Without the op library the server still starts; stock models serve, a fused one reports its load error."""
+    """Without the op library stock models serve; a fused one cannot load, so a server configured with it exits
+    at start (as tensorflow_model_server does when a model fails to load), naming the load error."""
     base, variants = exported
-    server = start_server(_config_file(tmp_path, base, variants),
-                          env={"BERTSERVE_OPS_LIBRARY": str(tmp_path / "missing" / "_bert_ops.so")})
+    env = {"BERTSERVE_OPS_LIBRARY": str(tmp_path / "missing" / "_bert_ops.so")}
+    server = start_server(_config_file(tmp_path, base, ["stock"]), env=env)
     assert "fused ops not loaded" in server.log()
     inputs = warmup_inputs(CONFIG, 2, 16)
     assert server.predict.Predict(predict_request("stock", inputs), timeout=60).outputs["scores"].tensor_shape.dim
     if "fused" not in variants:
         pytest.skip("op library not built: no fused export to load")
-    request = get_model_status_pb2.GetModelStatusRequest()
-    request.model_spec.name = "fused"
-    status = server.models.GetModelStatus(request, timeout=30).model_version_status[0]
-    assert status.state == get_model_status_pb2.ModelVersionStatus.END
-    assert "Op type not registered 'Bert" in status.status.error_message, status.status.error_message
+    with_fused = start_server(_config_file(tmp_path, base, variants), "--max_num_load_retries=0", env=env,
+                              ready=False)
+    assert with_fused.proc.wait(180) == 1
+    assert "Loading servable {name: fused version: 1} failed" in with_fused.log()

@@ -80,13 +80,15 @@ def test_failed_load_is_reported_others_serve_and_reload_applies(models_dir, tmp
     config = model_server_config_pb2.ModelServerConfig()
     good = config.model_config_list.config.add(name="good", base_path=os.path.join(models_dir, "tiny"))
     good.model_version_policy.specific.versions.append(1)
-    config.model_config_list.config.add(name="broken", base_path=str(tmp_path / "broken"))
     flaky = config.model_config_list.config.add(name="flaky", base_path=str(tmp_path / "flaky"))
     flaky.model_version_policy.latest.num_versions = 1
     (tmp_path / "models.config").write_text(str(config))
     server = start_server(f"--model_config_file={tmp_path / 'models.config'}", "--enable_model_warmup=true",
                           "--max_num_load_retries=1", "--load_retry_interval_micros=0",
                           "--model_config_file_poll_wait_seconds=1")
+    # A model that fails to load at start stops the server (test_startup); added later, it is reported.
+    config.model_config_list.config.add(name="broken", base_path=str(tmp_path / "broken"))
+    server.models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=120)
 
     status = _statuses(server, "broken")[1]
     assert status.state == State.END and status.status.error_code != 0 and status.status.error_message
@@ -114,8 +116,9 @@ def test_failed_load_is_reported_others_serve_and_reload_applies(models_dir, tmp
     config.model_config_list.config.add(name="third", base_path=os.path.join(models_dir, "tiny"))
     server.models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=120)
     assert server.predict.Predict(predict_request("third", token_inputs(1, 8)), timeout=30).model_spec.version.value == 2
+    assert _statuses(server, "broken")[1].state == State.END  # removed from the config: END, as TF Serving
     with pytest.raises(grpc.RpcError) as info:
-        _statuses(server, "broken")
+        server.predict.Predict(predict_request("broken", token_inputs(1, 8)), timeout=30)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
     # --model_config_file_poll_wait_seconds: an edited file replaces the model list without a restart.
