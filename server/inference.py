@@ -25,7 +25,7 @@ from tensorflow_serving.apis import (classification_pb2, inference_pb2, input_pb
 from bertserve.model_dir import SIGNATURE_NAME
 from bertserve.server.errors import deadline_exceeded, invalid_argument, unimplemented
 from bertserve.server.servable import LoadedVersion, Signature
-from bertserve.server.tensors import MAX_EXPANSION_BYTES, check_dtype
+from bertserve.server.tensors import MAX_EXPANSION_BYTES, check_dtype, is_b64_value
 
 if TYPE_CHECKING:  # predict imports the manager, which imports warmup, which imports this module
     from bertserve.server.predict import Predictor
@@ -302,7 +302,7 @@ def _feature_from_json(name: str, content: object, feature: tf.train.Feature) ->
             kind, item = "float_list", value
         elif isinstance(value, str):
             kind, item = "bytes_list", value.encode("utf-8")
-        elif isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+        elif is_b64_value(value):
             kind = "bytes_list"
             try:
                 item = base64.b64decode(value["b64"], validate=True)

@@ -214,12 +214,17 @@ def json_to_ndarray(name: str, value: object, dtype_enum: int) -> np.ndarray:
     return array.astype(np_dtype, copy=False)
 
 
+def is_b64_value(value: object) -> bool:
+    """{"b64": "..."}: one binary string in TF Serving's REST JSON, not an object of named inputs."""
+    return isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str)
+
+
 def _json_strings(name: str, value: object) -> np.ndarray:
     """Strings as UTF-8 bytes, {"b64": "..."} objects as their decoded bytes (TF Serving's REST encoding)."""
     def leaf(item: object) -> bytes:
         if isinstance(item, str):
             return item.encode("utf-8")
-        if isinstance(item, dict) and set(item) == {"b64"} and isinstance(item["b64"], str):
+        if is_b64_value(item):
             try:
                 return base64.b64decode(item["b64"], validate=True)
             except ValueError as exc:

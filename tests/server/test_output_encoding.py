@@ -3,7 +3,10 @@ clients that read them get the values; --enable_serialization_as_tensor_content 
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
+import requests
 import tensorflow as tf
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import predict_pb2
@@ -45,3 +48,15 @@ def test_tensor_content_when_the_flag_asks(tf_serving_models, models_dir, tmp_pa
     y = server.predict.Predict(_half_plus_two_request(), timeout=60).outputs["y"]
     assert not y.float_val and len(y.tensor_content) == 3 * 4
     np.testing.assert_array_equal(tensor(y), half_plus_two(X))
+
+
+def test_rest_string_inputs_and_outputs(tf_serving_server):
+    """DT_STRING over REST as TF Serving encodes it: {"b64": ...} in, UTF-8 text out."""
+    rows = np.array([[5.1, 3.5, 1.4, 0.2]], np.float32)
+    serialized = example(**dict(zip(IRIS_FEATURES, map(float, rows[0])))).SerializeToString()
+    reply = requests.post(f"{tf_serving_server.rest}/v1/models/iris:predict",
+                          json={"instances": [{"b64": base64.b64encode(serialized).decode()}]}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    (prediction,) = reply.json()["predictions"]
+    assert prediction["classes"] == [c.decode() for c in IRIS_CLASSES]
+    np.testing.assert_allclose(prediction["scores"], IrisLikeClassifier(IRIS_SEED).expected(rows)[0][0], rtol=1e-5)
