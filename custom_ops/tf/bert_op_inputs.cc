@@ -1,6 +1,10 @@
 #include "custom_ops/tf/bert_op_inputs.h"
 
+#include <algorithm>
+#include <cstring>
+#include <exception>
 #include <string>
+#include <vector>
 
 #include "tensorflow/core/framework/tensor_shape.h"
 
@@ -29,6 +33,20 @@ absl::Status CheckShape(const char* name, const Tensor& t, std::initializer_list
   for (const int64_t d : expected) same = same && t.dim_size(i++) == d;
   if (same) return absl::OkStatus();
   return InvalidArgument(name, " misshapen: got ", t.shape().DebugString(), " but expected ", ShapeString(expected));
+}
+
+std::string CheckTokenInputs(const int32_t* input_ids, const int32_t* segment_ids, const int32_t* input_mask,
+                             int64_t batch, int64_t seq, int64_t vocab_size, int64_t max_positions,
+                             int64_t type_vocab_size, int32_t* cu_seqlens) {
+  if (seq > max_positions) {
+    return "sequence length " + std::to_string(seq) + " exceeds the max positions of position_embeddings (" +
+           std::to_string(max_positions) + ")";
+  }
+  std::string error = CuSeqlensFromMask(input_mask, batch, seq, cu_seqlens);
+  if (error.empty()) {
+    error = CheckTokenIds(input_ids, segment_ids, cu_seqlens, batch, seq, vocab_size, type_vocab_size);
+  }
+  return error;
 }
 
 absl::Status PackFromMask(const Tensor& input_mask, int32_t* cu_seqlens, PackedBatch* batch) {
@@ -87,13 +105,13 @@ absl::Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_n
   TF_RETURN_IF_ERROR(CheckShape("token_type_embeddings", token_type, {token_type.dim_size(0), hidden}));
   TF_RETURN_IF_ERROR(CheckShape("layer_norm_gamma", ctx->input(6), {hidden}));
   TF_RETURN_IF_ERROR(CheckShape("layer_norm_beta", ctx->input(7), {hidden}));
-  if (s > position.dim_size(0)) {
-    return InvalidArgument("sequence length ", s, " exceeds the max positions of position_embeddings (",
-                           position.dim_size(0), ")");
-  }
-  TF_RETURN_IF_ERROR(PackFromMask(mask, cu_seqlens, batch));
-  TF_RETURN_IF_ERROR(FromMessage(CheckTokenIds(ids.flat<int32_t>().data(), segments.flat<int32_t>().data(),
-                                               cu_seqlens, b, s, word.dim_size(0), token_type.dim_size(0))));
+  TF_RETURN_IF_ERROR(FromMessage(CheckTokenInputs(ids.flat<int32_t>().data(), segments.flat<int32_t>().data(),
+                                                  mask.flat<int32_t>().data(), b, s, word.dim_size(0),
+                                                  position.dim_size(0), token_type.dim_size(0), cu_seqlens)));
+  batch->batch = b;
+  batch->num_tokens = cu_seqlens[b];
+  batch->max_seqlen = MaxSeqlen(cu_seqlens, b);
+  batch->cu_seqlens_host = cu_seqlens;
   weights->word = CoreData<T>(word);
   weights->position = CoreData<T>(position);
   weights->token_type = CoreData<T>(token_type);
@@ -166,3 +184,25 @@ BERTSERVE_INSTANTIATE(Eigen::half)
 
 }  // namespace tf
 }  // namespace bertserve
+
+// For the server (bertserve/server/token_inputs.py, through ctypes): CheckTokenInputs on one request. Returns 0
+// when the inputs pass, else 1 with the message, truncated to message_size - 1 bytes and NUL-terminated.
+extern "C" __attribute__((visibility("default"))) int bertserve_check_token_inputs(
+    const int32_t* input_ids, const int32_t* segment_ids, const int32_t* input_mask, int64_t batch, int64_t seq,
+    int64_t vocab_size, int64_t max_positions, int64_t type_vocab_size, char* message, int64_t message_size) {
+  std::string error;
+  try {
+    std::vector<int32_t> cu_seqlens(static_cast<size_t>(batch) + 1);
+    error = bertserve::tf::CheckTokenInputs(input_ids, segment_ids, input_mask, batch, seq, vocab_size,
+                                            max_positions, type_vocab_size, cu_seqlens.data());
+  } catch (const std::exception& e) {  // nothing may unwind through the C ABI
+    error = std::string("token input check failed: ") + e.what();
+  }
+  if (error.empty()) return 0;
+  if (message_size > 0) {
+    const size_t n = std::min<size_t>(error.size(), static_cast<size_t>(message_size - 1));
+    std::memcpy(message, error.data(), n);
+    message[n] = '\0';
+  }
+  return 1;
+}

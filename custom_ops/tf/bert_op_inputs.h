@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -52,8 +53,17 @@ absl::Status PackFromMask(const tensorflow::Tensor& input_mask, int32_t* cu_seql
 // From a host int32 [B + 1] cu_seqlens for `num_tokens` packed rows.
 absl::Status PackFromCuSeqlens(const tensorflow::Tensor& cu_seqlens, int64_t num_tokens, PackedBatch* batch);
 
-// Checks BertEmbedding's inputs (shapes, S <= P, mask, ids of real positions: all host memory) and fills the
-// weights view. cu_seqlens (host, [B + 1]) receives the packing.
+// BertEmbedding's rules for its token inputs, host int32 [batch, seq] arrays: seq <= max_positions, mask values
+// 0 or 1 with the real positions of a row first, ids and segment ids of real positions in range. The one
+// implementation of these rules: the op calls it, and so does the server (through
+// bertserve_check_token_inputs) before a request may join a batch, so that no request the op would refuse
+// can fail a batch. Empty string = OK; cu_seqlens ([batch + 1]) receives the packing.
+std::string CheckTokenInputs(const int32_t* input_ids, const int32_t* segment_ids, const int32_t* input_mask,
+                             int64_t batch, int64_t seq, int64_t vocab_size, int64_t max_positions,
+                             int64_t type_vocab_size, int32_t* cu_seqlens);
+
+// Checks BertEmbedding's inputs (shapes, then CheckTokenInputs) and fills the weights view. cu_seqlens (host,
+// [B + 1]) receives the packing.
 template <typename T>
 absl::Status ReadEmbeddingInputs(tensorflow::OpKernelContext* ctx, float layer_norm_epsilon, int32_t* cu_seqlens,
                                  PackedBatch* batch, EmbeddingWeights<CoreType<T>>* weights);

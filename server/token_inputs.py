@@ -1,0 +1,142 @@
+"""The token inputs of a bertserve signature, checked before a request joins a batch, by the fused op's own code.
+
+A batch runs as one model call, so one request the model refuses fails every request batched with it. The
+rules BertEmbedding applies (sequence length within the position table, mask values 0 or 1 with each row's real
+positions first, ids and segment ids of real positions inside their tables; the stock export asserts the same)
+are implemented once, in C++ (custom_ops/tf/bert_op_inputs.cc, CheckTokenInputs). The server calls that same
+function through its C entry point in the op library, with the limits of the model version it serves, so it
+refuses exactly what the op would, with the op's message, before the request can share a batch.
+
+The limits come from the SavedModel: the export's JSON in assets.extra, else the embedding tables' shapes in
+its variables (the fused op's weight inputs), read through tf.io.gfile so any base path URI works.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import logging
+from typing import Mapping
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+
+from bertserve.model_dir import ASSETS_EXTRA, INPUT_NAMES
+from bertserve.server.errors import invalid_argument
+
+log = logging.getLogger("bertserve.server")
+
+_NO_LIMIT = (1 << 63) - 1
+_MESSAGE_BYTES = 512
+
+
+class TokenLimits:
+    """Rows of the embedding tables a request may index; None where the SavedModel does not tell."""
+
+    def __init__(self, vocab_size: int | None, type_vocab_size: int | None, max_positions: int | None):
+        self.vocab_size, self.type_vocab_size, self.max_positions = vocab_size, type_vocab_size, max_positions
+
+    @classmethod
+    def from_saved_model(cls, path: str) -> "TokenLimits":
+        """Prefers the export's JSON in assets.extra, then the embedding variables' shapes."""
+        found: dict[str, int] = {}
+        for json_path in sorted(tf.io.gfile.glob(f"{path.rstrip('/')}/{ASSETS_EXTRA}/*.json")):
+            try:
+                with tf.io.gfile.GFile(json_path, "r") as handle:
+                    data = json.loads(handle.read())
+            except (tf.errors.OpError, ValueError):
+                continue
+            if isinstance(data, dict):
+                for key in ("vocab_size", "type_vocab_size", "max_position_embeddings"):
+                    if isinstance(data.get(key), int) and key not in found:
+                        found[key] = data[key]
+        variables = _variable_shapes(path)
+        for key, leaf in (("vocab_size", "word_embeddings"), ("type_vocab_size", "token_type_embeddings"),
+                          ("max_position_embeddings", "position_embeddings")):
+            if key not in found:
+                shape = next((s for n, s in variables.items() if _leaf_name(n) == leaf and len(s) == 2), None)
+                if shape is not None:
+                    found[key] = int(shape[0])
+        return cls(found.get("vocab_size"), found.get("type_vocab_size"), found.get("max_position_embeddings"))
+
+    def describe(self) -> str:
+        return f"vocab={self.vocab_size} type_vocab={self.type_vocab_size} max_positions={self.max_positions}"
+
+
+def _leaf_name(checkpoint_key: str) -> str:
+    """'encoder/word_embeddings/.ATTRIBUTES/VARIABLE_VALUE' -> 'word_embeddings'."""
+    return checkpoint_key.split("/.ATTRIBUTES", 1)[0].rsplit("/", 1)[-1]
+
+
+def _variable_shapes(path: str) -> dict[str, list[int]]:
+    prefix = f"{path.rstrip('/')}/variables/variables"
+    try:
+        if not tf.io.gfile.exists(prefix + ".index"):
+            return {}
+        return tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError):
+        return {}
+
+
+@functools.cache
+def _native_check():
+    """bertserve_check_token_inputs from the op library this process loaded; None without the library."""
+    try:
+        from bertserve import custom_ops
+
+        custom_ops.load_op_library()
+        function = ctypes.CDLL(custom_ops.library_path()).bertserve_check_token_inputs
+    except (ImportError, OSError, AttributeError, tf.errors.OpError) as exc:
+        log.warning("token inputs are not checked before batching: the op library's check is unavailable (%s)",
+                    exc)
+        return None
+    # Addresses as plain integers: ctypes' typed-pointer conversion costs more than the check itself.
+    function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 5 + [ctypes.c_char_p, ctypes.c_int64]
+    function.restype = ctypes.c_int
+    return function
+
+
+class TokenInputRules:
+    """The op's rules for one signature that takes the bertserve token inputs, with its model's limits."""
+
+    def __init__(self, limits: TokenLimits, check):
+        self.limits, self._check = limits, check
+        self._bounds = tuple(_NO_LIMIT if value is None else value
+                             for value in (limits.vocab_size, limits.max_positions, limits.type_vocab_size))
+
+    @classmethod
+    def for_signature(cls, inputs: Mapping[str, meta_graph_pb2.TensorInfo],
+                      limits: TokenLimits) -> "TokenInputRules | None":
+        """Rules when the signature takes input_ids, input_mask and segment_ids as int32 (the bertserve contract),
+        else None: other models' inputs mean something else."""
+        if not all(name in inputs and inputs[name].dtype == types_pb2.DT_INT32 for name in INPUT_NAMES):
+            return None
+        check = _native_check()
+        return None if check is None else cls(limits, check)
+
+    def check(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Raises INVALID_ARGUMENT with the op's message for a request the op would refuse."""
+        arrays = [inputs.get(name) for name in INPUT_NAMES]
+        if any(array is None for array in arrays):
+            return  # the signature's input-name check answers this request
+        shapes = {name: tuple(array.shape) for name, array in zip(INPUT_NAMES, arrays)}
+        if any(len(shape) != 2 for shape in shapes.values()) or len(set(shapes.values())) > 1:
+            raise invalid_argument(f"input_ids, input_mask and segment_ids must share one [batch, seq] shape, "
+                                   f"got {shapes}")
+        wrong = {name: str(array.dtype) for name, array in zip(INPUT_NAMES, arrays) if array.dtype != np.int32}
+        if wrong:
+            raise invalid_argument(f"input_ids, input_mask and segment_ids must be int32, got {wrong}")
+        ids, mask, segments = (np.ascontiguousarray(array) for array in arrays)
+        batch, seq = ids.shape
+        message = ctypes.create_string_buffer(_MESSAGE_BYTES)
+        failed = self._check(_address(ids), _address(segments), _address(mask), batch, seq, *self._bounds, message,
+                             _MESSAGE_BYTES)
+        if failed:
+            raise invalid_argument(message.value.decode("utf-8", errors="replace"))
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
