@@ -36,22 +36,28 @@ def mixed_inputs(vocab_size: int, seq: int, seed: int) -> tuple[np.ndarray, np.n
     return ids, segments, lengths
 
 
-def main(argv: list[str]) -> int:
-    out = argv[0] if argv else ".device_carry"
+def save_minilm_fp16(out: str) -> BertWeights:
+    """Writes the MiniLM ranker into out as minilm_l6_fp16.safetensors and minilm_l6_config.json; returns its
+    fp16-rounded weights (float32 arrays), what a model made from that file computes with."""
     os.makedirs(out, exist_ok=True)
     w = loaders.load_hf_encoder_as_ranker(minilm_directory(), seed=0, num_labels=1)
     half = {k: v.astype(np.float16) for k, v in w.items()}
     save_file(half, os.path.join(out, "minilm_l6_fp16.safetensors"))
-    rounded = BertWeights(w.config, {k: v.astype(np.float32) for k, v in half.items()})
+    with open(os.path.join(out, "minilm_l6_config.json"), "w") as f:
+        json.dump(dataclasses.asdict(w.config), f, indent=1)
+    return BertWeights(w.config, {k: v.astype(np.float32) for k, v in half.items()})
+
+
+def main(argv: list[str]) -> int:
+    out = argv[0] if argv else ".device_carry"
+    rounded = save_minilm_fp16(out)
     seq = 32
-    ids, segments, lengths = mixed_inputs(w.config.vocab_size, seq, seed=1)
+    ids, segments, lengths = mixed_inputs(rounded.config.vocab_size, seq, seed=1)
     mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
     scores = reference.scores(rounded, ids, mask, segments)
     hidden = np.concatenate(reference.encode(rounded, ids, mask, segments), axis=0)
     np.savez(os.path.join(out, "minilm_l6_reference.npz"), input_ids=ids, segment_ids=segments, lengths=lengths,
              scores=scores, hidden=hidden)
-    with open(os.path.join(out, "minilm_l6_config.json"), "w") as f:
-        json.dump(dataclasses.asdict(w.config), f, indent=1)
     print(f"wrote {out}: {len(lengths)} rows, {hidden.shape[0]} tokens")
     return 0
 
