@@ -146,13 +146,14 @@ EncoderWeights<float> WidenLayer(const ThreadPool& pool, const EncoderWeights<fp
   return f;
 }
 
-// One GEMM of a layer; B is `packed` when the caller packed it, else the row-major weights b [k, n].
+// One GEMM of a layer; B is `packed` when the caller packed it, else the row-major weights b [k, n], packed for
+// this product alone (the fp16 encoder, whose float weights exist only for the layer being run).
 void LayerGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
                const PackedMatrix* packed, float* c, const GemmEpilogue& epilogue) {
   if (packed != nullptr) {
     ParallelGemm(pool, m, a, *packed, c, epilogue);
   } else {
-    ParallelGemm(pool, m, n, k, a, b, c, epilogue);
+    ParallelGemm(pool, m, a, PackedMatrix(pool, k, n, b), c, epilogue);
   }
 }
 
@@ -169,7 +170,7 @@ GemmEpilogue BiasRowsEpilogue(void (*row_fn)(const float*, int64_t, float*), con
 
 }  // namespace
 
-// The GEMM weights of one layer in MKL's packed layout.
+// The GEMM weights of one layer in the selected GEMM backend's packed layout.
 struct PackedLayer {
   PackedLayer(const EncoderDims& d, const EncoderWeights<float>& w, const ThreadPool& pool)
       : qkv(pool, d.hidden, 3 * d.hidden, w.qkv_kernel),

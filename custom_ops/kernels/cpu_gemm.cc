@@ -1,30 +1,81 @@
 #include "custom_ops/kernels/cpu_gemm.h"
 
 #include <mkl.h>
+#include <time.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
 #include <new>
+#include <stdexcept>
+
+#include "custom_ops/kernels/cpu_gemm_backend.h"
 
 namespace bertserve {
 namespace cpu {
 namespace {
 
-constexpr int64_t kColumnAlign = 16;  // a full AVX-512 register of floats per column block
 constexpr int64_t kMinColumnsPerShard = 64;
 // More blocks than threads, so a thread the OS delays on a shared machine does not hold up the whole GEMM: the
 // blocks split the weights (never read twice) and re-read only the small token matrix.
 constexpr int64_t kShardsPerThread = 2;
-constexpr int kMemoryAlignment = 64;
+constexpr int64_t kMemoryAlignment = 64;
 // Products with more rows are split into row tiles as well: beyond a few hundred rows the token matrix outgrows
 // L2, and with column blocks alone every block would stream all of it again (3-5 % slower at 1,000+ rows).
 constexpr int64_t kMaxTileRows = 512;
+constexpr const char* kBackendVariable = "BERTSERVE_CPU_GEMM";
 
-// Columns per block for a B with n columns; the same split for packed and unpacked B, so both give the same sums.
-int64_t BlockColumns(const ThreadPool& pool, int64_t n) {
+// MKL's CBLAS takes int sizes.
+int BlasInt(int64_t value) {
+  if (value > INT_MAX) throw std::length_error("a GEMM size exceeds MKL's int range: " + std::to_string(value));
+  return static_cast<int>(value);
+}
+
+class MklBackend : public GemmBackend {
+ public:
+  const char* name() const override { return "mkl"; }
+  bool Supported() const override { return true; }
+  int64_t ColumnAlign() const override { return 16; }  // a full AVX-512 register of floats
+
+  // MKL picks the packed layout of B by the row count of A it is told: a layout packed for a few rows is copied
+  // again inside every product with many rows (a tenth of the encoder's time at 256 tokens), while the layout for
+  // 128 rows or more serves every row count at full speed, one row included.
+  static constexpr int kLayoutRows = 256;
+
+  int64_t PackedBytes(int64_t k, int64_t cols) const override {
+    return static_cast<int64_t>(cblas_sgemm_pack_get_size(CblasBMatrix, kLayoutRows, BlasInt(cols), BlasInt(k)));
+  }
+
+  void Pack(int64_t k, int64_t cols, const float* b, int64_t ldb, float* dest) const override {
+    cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, CblasNoTrans, kLayoutRows, BlasInt(cols), BlasInt(k), 1.0f, b,
+                     BlasInt(ldb), dest);
+  }
+
+  void Multiply(int64_t rows, int64_t cols, int64_t k, const float* a, int64_t lda, const float* packed, float* c,
+                int64_t ldc) const override {
+    cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, BlasInt(rows), BlasInt(cols), BlasInt(k), a,
+                        BlasInt(lda), packed, BlasInt(cols), 0.0f, c, BlasInt(ldc));
+  }
+};
+
+// Every MKL call of the CPU backend (these GEMMs, attention's batched GEMMs and exponentials) runs on the thread
+// that makes it: MKL's own threads would compete with TensorFlow's intra-op pool, which is meant to be the only
+// set of threads. Set once, when the op library loads, before any kernel can call MKL.
+struct SequentialMkl {
+  SequentialMkl() { mkl_set_threading_layer(MKL_THREADING_SEQUENTIAL); }
+};
+const SequentialMkl kSequentialMkl;
+
+const GemmBackend* const kBackends[] = {&Avx512GemmBackend(), &MklGemmBackend()};
+
+// Columns per block for a B with n columns.
+int64_t BlockColumns(const ThreadPool& pool, const GemmBackend& backend, int64_t n) {
   const int64_t shards = std::max<int64_t>(1, std::min<int64_t>(kShardsPerThread * pool.num_threads,
                                                                 n / kMinColumnsPerShard));
   const int64_t block = (n + shards - 1) / shards;
-  return (block + kColumnAlign - 1) / kColumnAlign * kColumnAlign;
+  const int64_t align = backend.ColumnAlign();
+  return (block + align - 1) / align * align;
 }
 
 // Runs tile_fn over the tiles of an m x n C (column blocks of block_columns, row tiles of at most kMaxTileRows) on
@@ -53,45 +104,101 @@ void ForEachTile(const ThreadPool& pool, int64_t m, int64_t n, int64_t block_col
   pool.parallel_for(tiles, static_cast<int64_t>(flops / tiles), run_tiles);
 }
 
-// Every MKL call of the CPU backend (these GEMMs, attention's batched GEMMs and exponentials) runs on the thread
-// that makes it: MKL's own threads would compete with TensorFlow's intra-op pool, which is meant to be the only
-// set of threads. Set once, when the op library loads, before any kernel can call MKL.
-struct SequentialMkl {
-  SequentialMkl() { mkl_set_threading_layer(MKL_THREADING_SEQUENTIAL); }
-};
-const SequentialMkl kSequentialMkl;
+double ThreadSeconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The supported backend that multiplies fastest on this CPU, on one thread, at a token count of batch 1 and one of
+// a large batch against a column block of a hidden-768 weight. Time on this thread's CPU clock, best of a few
+// rounds taken in turns, so that other processes on a shared machine weigh little.
+const GemmBackend& FastestBackend() {
+  constexpr int64_t kK = 768, kCols = 192, kRounds = 5;
+  constexpr int64_t kRowCounts[] = {24, 256};
+  std::vector<float> a(kRowCounts[1] * kK), b(kK * kCols), c(kRowCounts[1] * kCols);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
+  ThreadPool serial;
+  serial.parallel_for = [](int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) { fn(0, n); };
+  const GemmBackend* best = nullptr;
+  double best_seconds = 0.0;
+  std::vector<const GemmBackend*> candidates;
+  for (const GemmBackend* backend : kBackends) {
+    if (backend->Supported()) candidates.push_back(backend);
+  }
+  std::vector<double> seconds(candidates.size(), 0.0);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const PackedMatrix packed(serial, kK, kCols, b.data(), *candidates[i]);
+    for (int64_t rows : kRowCounts) {
+      double fastest = 1e30;
+      for (int64_t round = 0; round < kRounds; ++round) {
+        const double start = ThreadSeconds();
+        ParallelGemm(serial, rows, a.data(), packed, c.data(), {});
+        fastest = std::min(fastest, ThreadSeconds() - start);
+      }
+      seconds[i] += fastest / static_cast<double>(rows);  // per row, so both counts weigh alike
+    }
+    if (best == nullptr || seconds[i] < best_seconds) {
+      best = candidates[i];
+      best_seconds = seconds[i];
+    }
+  }
+  return *best;
+}
 
 }  // namespace
 
-void PackedMatrix::MklFree::operator()(void* p) const { mkl_free(p); }
-
-PackedMatrix::PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b)
-    : k_(k), n_(n), block_columns_(BlockColumns(pool, n)) {
-  blocks_.resize((n + block_columns_ - 1) / block_columns_);
-  // MKL picks the packed layout of B by the row count of A it is told: a layout packed for a few rows is copied
-  // again inside every product with many rows (a tenth of the encoder's time at 256 tokens), while the layout
-  // for 128 rows or more serves every row count at full speed, one row included.
-  constexpr int kLayoutRows = 256;
-  // One row of tiles: the packed layout does not depend on the rows of C.
-  ForEachTile(pool, 1, n, block_columns_, 2.0 * k * n, [&](const GemmTile& tile) {
-    const int cols = static_cast<int>(tile.col_end - tile.col_begin);
-    const size_t bytes = cblas_sgemm_pack_get_size(CblasBMatrix, kLayoutRows, cols, static_cast<int>(k));
-    float* dest = static_cast<float*>(mkl_malloc(bytes, kMemoryAlignment));
-    if (dest == nullptr) throw std::bad_alloc();
-    blocks_[tile.block].reset(dest);
-    cblas_sgemm_pack(CblasRowMajor, CblasBMatrix, CblasNoTrans, kLayoutRows, cols, static_cast<int>(k), 1.0f,
-                     b + tile.col_begin, static_cast<int>(n), dest);
-  });
+const GemmBackend& MklGemmBackend() {
+  static const MklBackend backend;
+  return backend;
 }
 
-void ParallelGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
-                  const GemmEpilogue& epilogue) {
-  ForEachTile(pool, m, n, BlockColumns(pool, n), 2.0 * m * n * k, [&](const GemmTile& tile) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tile.row_end - tile.row_begin),
-                static_cast<int>(tile.col_end - tile.col_begin), static_cast<int>(k), 1.0f, a + tile.row_begin * k,
-                static_cast<int>(k), b + tile.col_begin, static_cast<int>(n), 0.0f,
-                c + tile.row_begin * n + tile.col_begin, static_cast<int>(n));
-    if (epilogue) epilogue(tile);
+std::vector<std::string> GemmBackendNames() {
+  std::vector<std::string> names;
+  for (const GemmBackend* backend : kBackends) names.emplace_back(backend->name());
+  return names;
+}
+
+std::string GemmBackendName(const GemmBackend& backend) { return backend.name(); }
+
+const GemmBackend& SelectedGemmBackend() {
+  const char* requested = std::getenv(kBackendVariable);
+  if (requested == nullptr || *requested == '\0') {
+    static const GemmBackend& fastest = FastestBackend();
+    return fastest;
+  }
+  std::string known;
+  for (const GemmBackend* backend : kBackends) {
+    if (backend->name() != std::string(requested)) {
+      known += std::string(known.empty() ? "" : ", ") + backend->name();
+      continue;
+    }
+    if (!backend->Supported()) {
+      throw std::invalid_argument(std::string(kBackendVariable) + "=" + requested +
+                                  ": this CPU lacks the instructions that GEMM backend needs");
+    }
+    return *backend;
+  }
+  throw std::invalid_argument(std::string(kBackendVariable) + "=" + requested + " names no GEMM backend (known: " +
+                              known + ")");
+}
+
+void PackedMatrix::AlignedFree::operator()(float* p) const { std::free(p); }
+
+PackedMatrix::PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b, const GemmBackend& backend)
+    : backend_(&backend), k_(k), n_(n), block_columns_(BlockColumns(pool, backend, n)) {
+  blocks_.resize((n + block_columns_ - 1) / block_columns_);
+  for (int64_t block = 0; block < static_cast<int64_t>(blocks_.size()); ++block) {
+    const int64_t cols = std::min(block_columns_, n - block * block_columns_);
+    const int64_t bytes = (backend.PackedBytes(k, cols) + kMemoryAlignment - 1) / kMemoryAlignment * kMemoryAlignment;
+    float* dest = static_cast<float*>(std::aligned_alloc(kMemoryAlignment, static_cast<size_t>(bytes)));
+    if (dest == nullptr) throw std::bad_alloc();
+    blocks_[block].reset(dest);
+  }
+  // One row of tiles: the packed layout does not depend on the rows of C.
+  ForEachTile(pool, 1, n, block_columns_, 2.0 * k * n, [&](const GemmTile& tile) {
+    backend.Pack(k, tile.col_end - tile.col_begin, b + tile.col_begin, n, blocks_[tile.block].get());
   });
 }
 
@@ -99,10 +206,8 @@ void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const Packe
                   const GemmEpilogue& epilogue) {
   const int64_t n = b.n_, k = b.k_;
   ForEachTile(pool, m, n, b.block_columns_, 2.0 * m * n * k, [&](const GemmTile& tile) {
-    cblas_sgemm_compute(CblasRowMajor, CblasNoTrans, CblasPacked, static_cast<int>(tile.row_end - tile.row_begin),
-                        static_cast<int>(tile.col_end - tile.col_begin), static_cast<int>(k),
-                        a + tile.row_begin * k, static_cast<int>(k), b.blocks_[tile.block].get(),
-                        static_cast<int>(n), 0.0f, c + tile.row_begin * n + tile.col_begin, static_cast<int>(n));
+    b.backend_->Multiply(tile.row_end - tile.row_begin, tile.col_end - tile.col_begin, k, a + tile.row_begin * k, k,
+                         b.blocks_[tile.block].get(), c + tile.row_begin * n + tile.col_begin, n);
     if (epilogue) epilogue(tile);
   });
 }

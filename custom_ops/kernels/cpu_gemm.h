@@ -1,13 +1,20 @@
-// Matrix products of the CPU backend: Intel MKL SGEMM (runtime CPU dispatch inside MKL, its sequential threading
-// layer), one call per column block over the caller's thread pool, so TensorFlow's intra-op pool is the only set
-// of threads. Weights reused across calls can be packed once into MKL's GEMM layout (PackedMatrix): an unpacked
-// call re-packs B every time, which costs as much as a sixth of the encoder's time at serving batch sizes.
+// Matrix products of the CPU backend, behind one interface whatever computes them: C = A * B with B (the
+// weights) packed once into the layout of a GEMM backend (PackedMatrix), one product per column block over the
+// caller's thread pool, so TensorFlow's intra-op pool is the only set of threads. An unpacked B would be re-packed
+// by every product, which costs as much as a sixth of the encoder's time at serving batch sizes.
+//
+// Backends (GemmBackendNames): "mkl", Intel MKL's packed SGEMM (sequential threading layer), and "avx512", the
+// library's own AVX-512 kernels over panels of B (cpu_gemm_avx512.cc), written for the 1-640-row products of
+// serving, where MKL's dispatch on some CPUs (AMD's among them) leaves much of the FMA throughput unused. Which
+// one packs is chosen per process by timing both on this CPU the first time one is needed, unless the environment
+// variable BERTSERVE_CPU_GEMM names one (tests run every backend that way, whatever the machine would pick).
 #ifndef BERTSERVE_KERNELS_CPU_GEMM_H_
 #define BERTSERVE_KERNELS_CPU_GEMM_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
@@ -23,31 +30,43 @@ struct GemmTile {
 // Runs on a finished tile of C, on the thread that computed it, while the tile is still in its cache.
 using GemmEpilogue = std::function<void(const GemmTile& tile)>;
 
+class GemmBackend;
+
+// The backends this build has, usable on this CPU or not.
+std::vector<std::string> GemmBackendNames();
+
+// The backend PackedMatrix packs for: BERTSERVE_CPU_GEMM when set (read at every call, so a process may compare
+// backends), else the fastest on this CPU, measured once per process. Throws std::invalid_argument naming the
+// problem when the variable names no backend, or one this CPU cannot run.
+const GemmBackend& SelectedGemmBackend();
+
+// The name of a backend, as BERTSERVE_CPU_GEMM takes it.
+std::string GemmBackendName(const GemmBackend& backend);
+
 // B [k, n] (row-major, contiguous) split into the column blocks ParallelGemm shards over, each block packed into
-// MKL's GEMM layout. Immutable once built, so concurrent GEMMs may share it; it does not refer to b afterwards.
+// the layout of `backend`. Immutable once built, so concurrent GEMMs may share it; it does not refer to b
+// afterwards. Throws std::bad_alloc when the packed copy cannot be allocated.
 class PackedMatrix {
  public:
-  PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b);
+  PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b,
+               const GemmBackend& backend = SelectedGemmBackend());
 
  private:
-  struct MklFree {
-    void operator()(void* p) const;
+  struct AlignedFree {
+    void operator()(float* p) const;
   };
   friend void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const PackedMatrix& b, float* c,
                            const GemmEpilogue& epilogue);
 
+  const GemmBackend* backend_;
   int64_t k_, n_, block_columns_;
-  std::vector<std::unique_ptr<float, MklFree>> blocks_;
+  std::vector<std::unique_ptr<float, AlignedFree>> blocks_;
 };
 
-// C[m, n] = A[m, k] * B[k, n], all row-major and contiguous. Columns are split into about 2 * pool.num_threads
-// blocks: each reads only its slice of B (the weights) and all of A (the tokens), which keeps the weight traffic,
-// the dominant cost at serving batch sizes, at one pass. Beyond 512 rows the rows are split into tiles too, each
-// re-reading the weights once. epilogue may be empty.
-void ParallelGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b, float* c,
-                  const GemmEpilogue& epilogue);
-
-// The same with B packed beforehand (A has B's k columns, C its n).
+// C[m, n] = A[m, k] * B[k, n], all row-major and contiguous, B packed beforehand (A has B's k columns, C its n).
+// Columns are split into about 2 * pool.num_threads blocks: each reads only its slice of B (the weights) and all of
+// A (the tokens), which keeps the weight traffic, the dominant cost at serving batch sizes, at one pass. Beyond 512
+// rows the rows are split into tiles too, each re-reading the weights once. epilogue may be empty.
 void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const PackedMatrix& b, float* c,
                   const GemmEpilogue& epilogue);
 

@@ -1,6 +1,7 @@
 // Input checks shared by the CPU and CUDA backends. They run on the host before any kernel, so a bad request is
 // rejected with a message naming the problem instead of reading out of bounds.
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "custom_ops/kernels/bert_core.h"
@@ -9,6 +10,7 @@ namespace bertserve {
 
 std::string CuSeqlensFromMask(const int32_t* mask, int64_t batch, int64_t seq, int32_t* cu_seqlens) {
   cu_seqlens[0] = 0;
+  int64_t tokens = 0;  // counted in 64 bits: a mask may hold more ones than cu_seqlens' int32 can count
   for (int64_t b = 0; b < batch; ++b) {
     const int32_t* row = mask + b * seq;
     int64_t length = 0;
@@ -26,7 +28,12 @@ std::string CuSeqlensFromMask(const int32_t* mask, int64_t batch, int64_t seq, i
         ++length;
       }
     }
-    cu_seqlens[b + 1] = static_cast<int32_t>(cu_seqlens[b] + length);
+    tokens += length;
+    if (tokens > std::numeric_limits<int32_t>::max()) {
+      return "input_mask has more than " + std::to_string(std::numeric_limits<int32_t>::max()) +
+             " real positions (by row " + std::to_string(b) + "), more than int32 cu_seqlens can count";
+    }
+    cu_seqlens[b + 1] = static_cast<int32_t>(tokens);
   }
   return "";
 }

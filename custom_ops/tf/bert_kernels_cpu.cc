@@ -2,10 +2,14 @@
 // on TensorFlow's intra-op thread pool.
 #include <algorithm>
 #include <array>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 
+#include "absl/strings/str_cat.h"
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/tf/bert_op_inputs.h"
 #include "tensorflow/core/framework/device_base.h"
@@ -24,14 +28,46 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 
+// TensorFlow's intra-op pool for the core. An exception thrown by the core on a pool thread (an allocation that
+// failed) would end the process there; it is carried back and rethrown on the calling thread instead, after every
+// shard has finished, for RunCore to turn into a status.
 cpu::ThreadPool IntraOpPool(OpKernelContext* ctx) {
   tensorflow::thread::ThreadPool* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   cpu::ThreadPool pool;
   pool.num_threads = workers->NumThreads();
   pool.parallel_for = [workers](int64_t n, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
-    workers->ParallelFor(n, tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(cost_per_unit), fn);
+    std::mutex mu;
+    std::exception_ptr first_error;
+    workers->ParallelFor(n, tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(cost_per_unit),
+                         [&](int64_t begin, int64_t end) {
+                           try {
+                             fn(begin, end);
+                           } catch (...) {
+                             std::lock_guard<std::mutex> lock(mu);
+                             if (!first_error) first_error = std::current_exception();
+                           }
+                         });
+    if (first_error) std::rethrow_exception(first_error);
   };
   return pool;
+}
+
+// Runs a call into the CPU core and turns what it throws into a status: a failed allocation into
+// ResourceExhausted, a size beyond what the core (or MKL's int sizes) can take into InvalidArgument, a GEMM backend
+// that BERTSERVE_CPU_GEMM names wrongly into FailedPrecondition.
+absl::Status RunCore(const char* op, const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(op, ": out of memory in the CPU kernel"));
+  } catch (const std::length_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": ", e.what()));
+  } catch (const std::invalid_argument& e) {
+    return absl::FailedPreconditionError(absl::StrCat(op, ": ", e.what()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(op, ": ", e.what()));
+  }
+  return absl::OkStatus();
 }
 
 // BertEncoder's output, and the [N, H] tensor the encoder runs in place on (the caller copies `hidden` into it
@@ -73,8 +109,10 @@ class BertEmbeddingOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ReadEmbeddingInputs<T>(ctx, epsilon_, cu_seqlens->flat<int32_t>().data(), &batch, &weights));
     Tensor* hidden = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch.num_tokens, weights.hidden}), &hidden));
-    cpu::Embedding(weights, ids.flat<int32_t>().data(), ctx->input(1).flat<int32_t>().data(), ids.dim_size(1), batch,
-                   CoreData<T>(hidden), IntraOpPool(ctx));
+    OP_REQUIRES_OK(ctx, RunCore("BertEmbedding", [&] {
+      cpu::Embedding(weights, ids.flat<int32_t>().data(), ctx->input(1).flat<int32_t>().data(), ids.dim_size(1),
+                     batch, CoreData<T>(hidden), IntraOpPool(ctx));
+    }));
   }
 
  private:
@@ -143,8 +181,10 @@ class BertEncoderOp : public OpKernel {
                                                                    first_token_only_ ? batch.batch : 0);
     Tensor workspace;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT, TensorShape({bytes / 4}), &workspace));
-    RunEncoder(ctx, dims, weights, batch, CoreData<T>(outs.tokens), workspace.flat<float>().data(), IntraOpPool(ctx),
-               first_tokens);
+    OP_REQUIRES_OK(ctx, RunCore("BertEncoder", [&] {
+      RunEncoder(ctx, dims, weights, batch, CoreData<T>(outs.tokens), workspace.flat<float>().data(),
+                 IntraOpPool(ctx), first_tokens);
+    }));
   }
 
  private:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bertserve import custom_ops as ops
+from bertserve.export import reference
 from bertserve.export.graph import fused_arrays
 from bertserve.export.weights import BertConfig, BertWeights
 
@@ -52,7 +53,25 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float) -> None:
     """Every element within rel of the reference, relative to the largest reference magnitude (LayerNorm outputs
     are O(1), so near-zero elements are not judged by their own tiny size)."""
     actual = np.asarray(actual, np.float64)
+    assert actual.shape == expected.shape, f"shape {actual.shape} differs from the reference's {expected.shape}"
+    if expected.size == 0:
+        return
     scale = max(float(np.abs(expected).max()), 1e-30)
-    worst = float(np.abs(actual - expected).max()) / scale if expected.size else 0.0
+    worst = float(np.abs(actual - expected).max()) / scale
     assert worst <= rel, f"max error {worst:.3g} of the reference scale exceeds {rel:g}"
 
+
+def check_against_reference(weights: BertWeights, lengths, seq: int, dtype=np.float32, seed: int = 0) -> None:
+    """The packed output of embedding + encoder within the tolerance of dtype of the float64 reference, row by row,
+    and the gathered first tokens equal to each row's first packed token."""
+    ids, mask, segments = random_batch(np.random.default_rng(seed), lengths, seq, weights.config)
+    hidden, cu_seqlens, first = run_fused(weights, ids, mask, segments, dtype)
+    expected = reference.encode(weights, ids, mask, segments)
+    np.testing.assert_array_equal(cu_seqlens, np.concatenate([[0], np.cumsum(lengths)]))
+    tolerance = FP32_TOLERANCE if dtype == np.float32 else FP16_TOLERANCE
+    assert hidden.dtype == dtype
+    assert hidden.shape == (sum(lengths), weights.config.hidden_size)
+    for b, rows in enumerate(expected):
+        assert_close(hidden[cu_seqlens[b]:cu_seqlens[b + 1]], rows, tolerance)
+        if len(rows):
+            np.testing.assert_array_equal(first[b], hidden[cu_seqlens[b]])

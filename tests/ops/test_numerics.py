@@ -4,24 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ops_testing import FP16_TOLERANCE, FP32_TOLERANCE, assert_close, random_batch, run_fused, small_config
+from ops_testing import FP32_TOLERANCE, assert_close, check_against_reference, random_batch, run_fused, small_config
 
-from bertserve.export import reference
 from bertserve.export.weights import BertWeights
-
-
-def check_against_reference(weights: BertWeights, lengths, seq: int, dtype=np.float32, seed: int = 0) -> None:
-    ids, mask, segments = random_batch(np.random.default_rng(seed), lengths, seq, weights.config)
-    hidden, cu_seqlens, first = run_fused(weights, ids, mask, segments, dtype)
-    expected = reference.encode(weights, ids, mask, segments)
-    np.testing.assert_array_equal(cu_seqlens, np.concatenate([[0], np.cumsum(lengths)]))
-    tolerance = FP32_TOLERANCE if dtype == np.float32 else FP16_TOLERANCE
-    assert hidden.dtype == dtype
-    assert hidden.shape == (sum(lengths), weights.config.hidden_size)
-    for b, rows in enumerate(expected):
-        assert_close(hidden[cu_seqlens[b]:cu_seqlens[b + 1]], rows, tolerance)
-        if len(rows):
-            np.testing.assert_array_equal(first[b], hidden[cu_seqlens[b]])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
