@@ -13,15 +13,19 @@ batch of its own (empty queue, or no room left in the open batch) runs whatever 
 fails a merge.
 
 Why a Python queue feeding the signature's concrete function rather than TensorFlow's BatchFunction kernel:
-bench/serve_overhead.py ("batcher_choice") drives both with 32 Python threads (as the gRPC handler threads drive
-them), same knobs, same tiny model: 5,147 vs 2,368 requests/s on the shared 2-core machine (1,179 unbatched), mean
-batch 16. The queue also gives what the kernel cannot: validation before joining, gRPC deadlines, TF Serving's
-queue-full and padding semantics, and the batch-size metrics. Python per request is an enqueue and an event wait;
-the model runs once per batch.
+bench/serve_overhead.py ("batcher_choice") drives both, same knobs, same tiny model, and the queue is the faster
+(the README quotes the figures). The queue also gives what the kernel cannot: validation before joining, gRPC
+deadlines, TF Serving's queue-full and padding semantics, and the batch-size metrics. Python per request is an
+enqueue and one wake-up of its waiter; the model runs once per batch.
+
+A submitted request is a `Submission`: its pieces and one `notify` callback, run on the batch thread once every
+piece is answered. The front ends' event loop waits with `wait_async` (the callback wakes the loop; no thread
+waits per request), tests and in-process drivers with `wait_for` (a threading.Event).
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import threading
@@ -51,19 +55,64 @@ class BatchObserver(Protocol):
 class Task:
     """One request (or one piece of a split request) waiting for its rows of a batch's outputs."""
 
-    __slots__ = ("inputs", "size", "deadline", "enqueued_at", "done", "outputs", "error", "abandoned")
+    __slots__ = ("inputs", "size", "deadline", "enqueued_at", "outputs", "error", "abandoned", "submission")
 
-    def __init__(self, inputs: Tensors, size: int, deadline: float | None):
-        self.inputs, self.size, self.deadline = inputs, size, deadline
+    def __init__(self, inputs: Tensors, size: int, deadline: float | None, submission: "Submission"):
+        self.inputs, self.size, self.deadline, self.submission = inputs, size, deadline, submission
         self.enqueued_at = time.monotonic()
-        self.done = threading.Event()
         self.outputs: Tensors | None = None
         self.error: ServingError | None = None
         self.abandoned = False
 
     def finish(self, outputs: Tensors | None = None, error: ServingError | None = None) -> None:
         self.outputs, self.error = outputs, error
-        self.done.set()
+        self.submission.piece_done()
+
+
+class Submission:
+    """A request in the queue: its pieces (several if it was split) and who to tell once all are answered.
+
+    `notify` runs on a batch thread, once, after the last piece finished; it must only hand the news over
+    (schedule a callback on an event loop), never block. Without one, `answered` (an Event) is set instead.
+    """
+
+    __slots__ = ("tasks", "_pending", "_lock", "_notify", "answered")
+
+    def __init__(self, notify: Callable[[], None] | None):
+        self.tasks: list[Task] = []
+        self._pending = 0
+        self._lock = threading.Lock()  # pieces of one request may finish on different batch threads
+        self.answered = threading.Event() if notify is None else None
+        self._notify = notify or self.answered.set
+
+    def add(self, task: Task) -> None:
+        self.tasks.append(task)
+        self._pending += 1
+
+    def piece_done(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            last = self._pending == 0
+        if last:
+            try:
+                self._notify()
+            except Exception:  # noqa: BLE001 - e.g. the waiter's event loop closed; the batch thread lives on
+                log.exception("could not deliver a batch result")
+
+    def abandon(self) -> None:
+        """The waiter gave up (deadline, cancelled RPC): pieces still queued are dropped from their batches."""
+        for task in self.tasks:
+            task.abandoned = True
+
+    def result(self) -> Tensors:
+        """The outputs, split pieces joined in order; raises the first piece's error. Only once notified."""
+        for task in self.tasks:
+            if task.error is not None:
+                raise task.error
+        if len(self.tasks) == 1:
+            return self.tasks[0].outputs
+        return {name: np.concatenate([task.outputs[name] for task in self.tasks], axis=0)
+                for name in self.tasks[0].outputs}
 
 
 class _Batch:
@@ -189,8 +238,10 @@ class BatchingQueue:
             return tuple(sorted((name, array.ndim) for name, array in inputs.items()))
         return tuple(sorted((name, array.shape[1:]) for name, array in inputs.items()))
 
-    def submit(self, inputs: Tensors, size: int, deadline: float | None) -> list[Task]:
-        """Enqueues a validated request; returns its tasks (several if it was split). Raises ServingError."""
+    def submit(self, inputs: Tensors, size: int, deadline: float | None,
+               notify: Callable[[], None] | None = None) -> Submission:
+        """Enqueues a validated request; `notify` runs once all of it is answered (see Submission). Raises
+        ServingError, at once (UNAVAILABLE) when the queue is full: a full queue never makes a request wait."""
         options = self.options
         if size > options.max_batch_size:
             raise invalid_argument(f"Task size {size} is larger than maximum input batch size {options.max_batch_size}")
@@ -216,17 +267,17 @@ class BatchingQueue:
             new_batches = len(pieces) - (1 if pieces[0] <= room else 0)
             if len(self.batches) + new_batches > options.max_enqueued_batches:
                 raise unavailable("The batch scheduling queue to which this task was submitted is full")
-            tasks, start = [], 0
+            submission, start = Submission(notify), 0
             for piece in pieces:
                 sliced = inputs if len(pieces) == 1 else {n: a[start:start + piece] for n, a in inputs.items()}
-                task = Task(sliced, piece, deadline)
+                task = Task(sliced, piece, deadline, submission)
                 start += piece
                 if not self.batches or self.batches[-1].shape_key != key or self.batches[-1].size + piece > limit:
                     self.batches.append(_Batch(key))
                 self.batches[-1].add(task)
-                tasks.append(task)
+                submission.add(task)
             self.scheduler.condition.notify_all()
-        return tasks
+        return submission
 
     def _shape_mismatch(self, inputs: Tensors, batch: _Batch) -> ServingError:
         """TF Serving's merge error (BatchingSession::MergeInputTensors), plus the shapes that differ."""
@@ -298,6 +349,12 @@ class BatchingQueue:
             self.scheduler.condition.notify_all()
 
 
+def requests_held(options: BatchingOptions) -> int:
+    """The most requests one queue holds, queued or running (each has at least one row): past this many in flight
+    a front end may refuse at once, as the queue would."""
+    return options.execution_limit * (options.max_enqueued_batches + options.num_batch_threads)
+
+
 def _chunks(total: int, limit: int) -> list[int]:
     return [limit] * (total // limit) + ([total % limit] if total % limit else [])
 
@@ -314,16 +371,38 @@ def _pad_to_common_shape(parts: list[np.ndarray]) -> list[np.ndarray]:
     return padded
 
 
-def wait_for(tasks: list[Task], deadline: float | None) -> Tensors:
-    """Blocks until every piece is answered; joins split pieces in order. Raises the first piece's error."""
-    for task in tasks:
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not task.done.wait(remaining):
-            for other in tasks:
-                other.abandoned = True
-            raise deadline_exceeded("Deadline exceeded while waiting for the batch to run")
-        if task.error is not None:
-            raise task.error
-    if len(tasks) == 1:
-        return tasks[0].outputs
-    return {name: np.concatenate([task.outputs[name] for task in tasks], axis=0) for name in tasks[0].outputs}
+def wait_for(submission: Submission, deadline: float | None) -> Tensors:
+    """Blocks this thread until a submission made without `notify` is answered (tests, in-process drivers)."""
+    if not submission.answered.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+        submission.abandon()
+        raise deadline_exceeded("Deadline exceeded while waiting for the batch to run")
+    return submission.result()
+
+
+async def wait_async(queue: BatchingQueue, inputs: Tensors, size: int, deadline: float | None) -> Tensors:
+    """Submits and awaits the answer on the running event loop: the batch thread wakes the loop once per request,
+    and no thread is held while the request is queued. Raises ServingError; a waiter that times out or is
+    cancelled (the client went away) abandons its pieces."""
+    loop = asyncio.get_running_loop()
+    answered = loop.create_future()
+
+    def settle(error: ServingError | None) -> None:  # on the loop; the first of answer and timeout wins
+        if not answered.done():
+            if error is None:
+                answered.set_result(None)
+            else:
+                answered.set_exception(error)
+
+    submission = queue.submit(inputs, size, deadline, lambda: loop.call_soon_threadsafe(settle, None))
+    timer = None if deadline is None else loop.call_at(
+        loop.time() + max(0.0, deadline - time.monotonic()), settle,
+        deadline_exceeded("Deadline exceeded while waiting for the batch to run"))
+    try:
+        await answered
+    except BaseException:  # timed out, or cancelled
+        submission.abandon()
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return submission.result()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import logging
 import signal
@@ -10,15 +11,16 @@ import threading
 
 import tensorflow as tf
 
+from bertserve.server.batcher import requests_held
 from bertserve.server.config_files import (ConfigError, read_batching_options, read_model_server_config,
                                            read_prometheus_path, single_model_config, BatchingOptions)
 from bertserve.server.flags import FlagError, ServerOptions, parse_flags
-from bertserve.server.grpc_service import start_grpc_server
+from bertserve.server.front_ends import FrontEndOptions, FrontEnds
 from bertserve.server.errors import ServingError
+from bertserve.server.health import ServingHealth
 from bertserve.server.manager import ManagerOptions, ModelManager, StartupError
 from bertserve.server.metrics import ServerMetrics
 from bertserve.server.predict import Predictor
-from bertserve.server.rest import RestApi, RestServer
 
 log = logging.getLogger("bertserve.server")
 DRAIN_GRACE_SECONDS = 30.0
@@ -100,13 +102,15 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
         log.error("%s", exc)
         return 1
     metrics = ServerMetrics(batching.max_batch_size if batching else 1000)
+    health = ServingHealth()
     manager = ModelManager(ManagerOptions(
         saved_model_tags=frozenset(t.strip() for t in options.saved_model_tags.split(",") if t.strip()),
         enable_model_warmup=options.enable_model_warmup,
         warmup_iterations=options.num_request_iterations_for_warmup,
         allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
         batching=batching, max_load_retries=options.max_num_load_retries,
-        load_retry_interval_seconds=max(0.0, options.load_retry_interval_micros / 1e6)), metrics)
+        load_retry_interval_seconds=max(0.0, options.load_retry_interval_micros / 1e6)), metrics,
+        on_batch_failure=health.batch_scheduler_failed)
     # As tensorflow_model_server: start only once every configured model serves; a model that cannot load (or
     # a label that cannot apply) ends the process rather than leaving it up without that model.
     try:
@@ -117,25 +121,24 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
         log.error("%s", exc)
         manager.shutdown()
         return 1
-    predictor = Predictor(manager, metrics)
-    grpc_server = health = rest_server = None
+    grpc_threads = options.effective_grpc_threads(batching.max_batch_size if batching else 0)
+    blocking_threads = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(grpc_threads, options.effective_rest_threads()), thread_name_prefix="blocking")
+    predictor = Predictor(manager, metrics, blocking_threads,
+                          tensor_content=options.enable_serialization_as_tensor_content)
+    front_ends = FrontEnds(FrontEndOptions(
+        grpc_port=options.port, rest_port=options.rest_api_port,
+        max_in_flight=grpc_threads + (requests_held(batching) if batching else 0),
+        rest_slots=options.effective_rest_threads(), rest_timeout_seconds=options.rest_api_timeout_in_ms / 1000.0,
+        prometheus_path=prometheus_path, drain_grace_seconds=DRAIN_GRACE_SECONDS,
+        grpc_socket_path=options.grpc_socket_path), predictor)
     try:
-        if options.port:
-            grpc_server, health = start_grpc_server(
-                options.port, options.effective_grpc_threads(batching.max_batch_size if batching else 0), predictor)
-            log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.port)
-        if options.rest_api_port:
-            rest_server = RestServer(options.rest_api_port, RestApi(predictor, metrics, prometheus_path,
-                                                                    options.rest_api_timeout_in_ms / 1000.0),
-                                     options.effective_rest_threads())
-            log.info("Exporting HTTP/REST API at:localhost:%d ...", options.rest_api_port)
+        front_ends.start()
     except OSError as exc:
         log.error("%s", exc)
         manager.shutdown()
         return 1
-    if health is not None:
-        for service in ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"):
-            health.set(service, 1)  # SERVING
+    health.start_serving(front_ends)
     if options.file_system_poll_wait_seconds > 0:
         _poll_forever(stop, options.file_system_poll_wait_seconds, manager.poll, "file system poll")
     if options.model_config_file and options.model_config_file_poll_wait_seconds > 0:
@@ -144,13 +147,9 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
     while not stop.wait(0.5):
         pass
     log.info("stopping: draining in-flight requests")
-    if health is not None:
-        health.enter_graceful_shutdown()
-    if grpc_server is not None:
-        grpc_server.stop(DRAIN_GRACE_SECONDS).wait()
-    if rest_server is not None:
-        rest_server.close()
+    front_ends.stop()
     manager.shutdown()
+    blocking_threads.shutdown()
     log.info("stopped")
     return 0
 

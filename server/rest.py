@@ -1,35 +1,52 @@
 """HTTP/REST front end with TF Serving's URLs and JSON (g3doc/api_rest.md), plus the Prometheus endpoint.
 
-HTTP/1.1 with persistent connections, as TF Serving's own HTTP server: a client that keeps its connection (a
-requests.Session, a browser, a load balancer's pool) pays the TCP handshake once, not per request.
+Served by aiohttp (maintained, C-accelerated llhttp parser, asyncio) on the front ends' event loop, beside
+gRPC. The library owns HTTP/1.1 framing and keep-alive: it refuses requests that both chunk and give a
+Content-Length or give two different lengths (the ambiguities request smuggling relies on), answers every
+framing error with a status instead of dropping the connection, and closes idle connections. What is ours:
+- a request slot (--rest_api_num_threads of them) is taken before its body is read, and the body is refused with
+  413 when its Content-Length, or a chunked body as it arrives, exceeds MAX_BODY_BYTES: memory per request is
+  bounded before it is spent;
+- JSON is parsed on `blocking_threads`, so a large body does not stall the loop; a body too deep to parse or a
+  version number too long for int64 is a 400, as any other bad request;
+- on shutdown, requests still waiting for a slot or their body are dropped at once (a slow client cannot hold
+  the exit), requests being served get the drain grace, idle keep-alive connections are closed.
+Every error body is TF Serving's {"error": "..."}; statuses follow errors.py.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import concurrent.futures
 import json
 import logging
 import re
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Awaitable, Callable
 
 import numpy as np
+from aiohttp import web, web_protocol
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2
 
-from bertserve.server.errors import ServingError, invalid_argument, not_found, unimplemented
+from bertserve.server.errors import ServingError, invalid_argument
 from bertserve.server.grpc_service import SIGNATURE_DEF_FIELD, model_metadata
 from bertserve.server.metrics import ServerMetrics
 from bertserve.server.predict import Predictor
 from bertserve.server.servable import Signature
-from bertserve.server.tensors import json_to_ndarray
+from bertserve.server.inference import rest_classify, rest_regress
+from bertserve.server.tensors import is_b64_value, json_to_ndarray, json_value
 
 log = logging.getLogger("bertserve.server")
 MAX_BODY_BYTES = 256 << 20
-# A kept-alive connection idle this long is closed, so abandoned connections do not hold a thread each.
+# A kept-alive connection idle this long is closed, so abandoned connections do not hold resources.
 KEEP_ALIVE_IDLE_SECONDS = 60.0
+# After refusing a body it did not read, the server drains it this long before closing, so the client reads the
+# answer instead of a connection reset; longer would let a refused upload hold the connection (and shutdown).
+LINGER_SECONDS = 1.0
+INT64_MAX = (1 << 63) - 1
+JSON_CONTENT_TYPE = "application/json"
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _MODEL_URL = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)"
@@ -38,6 +55,7 @@ _MODEL_URL = re.compile(
 
 
 def _message_dict(message) -> dict:
+    """TF Serving's JSON for protos (json_util): field names as declared, default values printed."""
     return json_format.MessageToDict(message, preserving_proto_field_name=True,
                                      always_print_fields_with_no_presence=True)
 
@@ -52,19 +70,19 @@ def _inputs_from_json(body: dict, signature: Signature) -> tuple[dict[str, np.nd
         instances = body["instances"]
         if not isinstance(instances, list) or not instances:
             raise invalid_argument("'instances' must be a non-empty list")
-        if all(isinstance(row, dict) for row in instances):
+        if all(isinstance(row, dict) and not is_b64_value(row) for row in instances):
             names = set(instances[0])
             if any(set(row) != names for row in instances):
                 raise invalid_argument("every instance must name the same inputs")
             columns = {name: [row[name] for row in instances] for name in names}
-        elif any(isinstance(row, dict) for row in instances):
+        elif any(isinstance(row, dict) and not is_b64_value(row) for row in instances):
             raise invalid_argument("instances mix named objects and plain values")
         else:
             columns = {_only_input(specs): instances}
         is_row = True
     else:
         given = body["inputs"]
-        columns = given if isinstance(given, dict) else {_only_input(specs): given}
+        columns = given if isinstance(given, dict) and not is_b64_value(given) else {_only_input(specs): given}
         is_row = False
     arrays = {}
     for name, value in columns.items():
@@ -84,187 +102,199 @@ def _only_input(specs: dict) -> str:
 def _predict_body(outputs: dict[str, np.ndarray], is_row: bool) -> dict:
     if is_row:
         if len(outputs) == 1:
-            return {"predictions": next(iter(outputs.values())).tolist()}
+            return {"predictions": json_value(*next(iter(outputs.items())))}
         rows = len(next(iter(outputs.values())))
-        return {"predictions": [{name: value[i].tolist() for name, value in outputs.items()} for i in range(rows)]}
+        return {"predictions": [{name: json_value(name, value[i]) for name, value in outputs.items()}
+                                for i in range(rows)]}
     if len(outputs) == 1:
-        return {"outputs": next(iter(outputs.values())).tolist()}
-    return {"outputs": {name: value.tolist() for name, value in outputs.items()}}
+        return {"outputs": json_value(*next(iter(outputs.items())))}
+    return {"outputs": {name: json_value(name, value) for name, value in outputs.items()}}
+
+
+# A request's handler: (api, name, version, label, body) -> JSON-able answer. Registered per verb below.
+VerbHandler = Callable[["RestApi", str, "int | None", "str | None", bytes], Awaitable[dict]]
+
+
+def _version_number(text: str) -> int:
+    """A URL's version as int64, refused as TF Serving refuses it (no int() of thousands of digits)."""
+    if len(text.lstrip("-")) > 19 or not -INT64_MAX - 1 <= int(text) <= INT64_MAX:
+        raise invalid_argument(f"Failed to convert version: {text[:32]}{'...' if len(text) > 32 else ''} to numeric.")
+    return int(text)
 
 
 class RestApi:
     """Routes one HTTP request to the model server's functions; returns (status, JSON-able body or bytes)."""
 
-    def __init__(self, predictor: Predictor, metrics: ServerMetrics, prometheus_path: str | None,
-                 timeout_seconds: float):
-        self.predictor, self.metrics, self.prometheus_path = predictor, metrics, prometheus_path
-        self.timeout_seconds = timeout_seconds
+    # POST /v1/models/<name>[/versions/<v> | /labels/<l>]:<verb>. Classify and Regress plug in here.
+    verbs: dict[str, VerbHandler] = {}
 
-    def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict | bytes]:
+    def __init__(self, predictor: Predictor, metrics: ServerMetrics, prometheus_path: str | None,
+                 timeout_seconds: float, blocking_threads: concurrent.futures.Executor):
+        self.predictor, self.metrics, self.prometheus_path = predictor, metrics, prometheus_path
+        self.timeout_seconds, self.blocking_threads = timeout_seconds, blocking_threads
+
+    async def handle(self, method: str, path: str, body: bytes) -> tuple[int, dict | bytes]:
         try:
             if self.prometheus_path and path == self.prometheus_path and method == "GET":
                 return 200, self.metrics.exposition()
             match = _MODEL_URL.match(path)
             if match is None:
-                raise not_found(f"Malformed request: {method} {path}")
+                raise _malformed(method, path)
             name, label = match["name"], match["label"]
-            version = int(match["version"]) if match["version"] is not None else None
+            version = _version_number(match["version"]) if match["version"] is not None else None
             if method == "GET" and match["verb"] is None:
                 if match["metadata"]:
                     return 200, self._metadata(name, version, label)
                 statuses = self.predictor.manager.version_statuses(name, version, label)
                 return 200, {"model_version_status": [_message_dict(s) for s in statuses]}
             if method == "POST" and match["verb"] is not None and not match["metadata"]:
-                if match["verb"] != "predict":
-                    raise unimplemented(f"{match['verb']} is not implemented; use :predict")
-                return 200, self._predict(name, version, label, body)
-            raise not_found(f"Malformed request: {method} {path}")
+                verb = self.verbs.get(match["verb"])
+                if verb is None:
+                    raise _malformed(method, path)
+                return 200, await verb(self, name, version, label, body)
+            raise _malformed(method, path)
         except ServingError as error:
             return error.http_status, {"error": error.message}
+
+    async def parse_json(self, raw: bytes) -> dict:
+        """A request body as a JSON object, parsed off the loop; anything unparsable is INVALID_ARGUMENT."""
+        try:
+            body = await asyncio.get_running_loop().run_in_executor(self.blocking_threads, json.loads, raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise invalid_argument(f"JSON Parse error: {exc}") from exc
+        except RecursionError as exc:
+            raise invalid_argument("JSON Parse error: the document is nested too deeply") from exc
+        if not isinstance(body, dict):
+            raise invalid_argument("request body must be a JSON object")
+        return body
 
     def _metadata(self, name: str, version: int | None, label: str | None) -> dict:
         response = model_metadata(self.predictor.manager, name, version, label, [SIGNATURE_DEF_FIELD])
         signature_map = get_model_metadata_pb2.SignatureDefMap()
         response.metadata[SIGNATURE_DEF_FIELD].Unpack(signature_map)
         return {"model_spec": _message_dict(response.model_spec),
-                "metadata": {SIGNATURE_DEF_FIELD: json_format.MessageToDict(signature_map,
-                                                                            preserving_proto_field_name=True)}}
+                "metadata": {SIGNATURE_DEF_FIELD: _message_dict(signature_map)}}
 
-    def _predict(self, name: str, version: int | None, label: str | None, raw: bytes) -> dict:
+
+def _malformed(method: str, path: str) -> ServingError:
+    return invalid_argument(f"Malformed request: {method} {path[:256]}")
+
+
+async def _predict(api: RestApi, name: str, version: int | None, label: str | None, raw: bytes) -> dict:
+    body = await api.parse_json(raw)
+    signature_name = body.get("signature_name", "")
+    if not isinstance(signature_name, str):
+        raise invalid_argument("'signature_name' must be a string")
+    layout: dict[str, bool] = {}
+
+    def inputs_of(signature: Signature) -> dict[str, np.ndarray]:
+        arrays, layout["row"] = _inputs_from_json(body, signature)
+        return arrays
+
+    result = await api.predictor.predict(model_name=name, version=version, label=label,
+                                         signature_name=signature_name, inputs_of=inputs_of, output_filter=[],
+                                         deadline=time.monotonic() + api.timeout_seconds, entrypoint="REST")
+    return _predict_body(result.outputs, layout["row"])
+
+
+RestApi.verbs.update(predict=_predict, classify=rest_classify, regress=rest_regress)
+
+
+class _JsonErrorsRequestHandler(web_protocol.RequestHandler):
+    """aiohttp's connection handler, answering framing errors (bad lengths, smuggling attempts, oversized
+    headers) with TF Serving's JSON error body; the connection still closes after it, as the library does."""
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs, and refuses if a response already began
+        text = message or (str(exc) if exc else "") or f"HTTP {status}"
+        response = web.json_response({"error": text.split("\n", 1)[0].rstrip(":")}, status=status)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _JsonErrorsRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class RestFrontEnd:
+    """The HTTP server on the running event loop."""
+
+    def __init__(self, api: RestApi, num_slots: int):
+        self.api = api
+        self._slots = asyncio.Semaphore(num_slots)  # --rest_api_num_threads requests handled at once
+        self._receiving: set[asyncio.Task] = set()  # waiting for a slot or reading their body
+        self._closing = False
+        self._runner: web.ServerRunner | None = None
+
+    @classmethod
+    async def start(cls, port: int, api: RestApi, num_slots: int, grace_seconds: float) -> "RestFrontEnd":
+        """Listens on `port` (OSError if it cannot); call from the event loop that will serve it."""
+        front_end = cls(api, num_slots)
+        server = _Server(front_end._serve, keepalive_timeout=KEEP_ALIVE_IDLE_SECONDS, access_log=None,
+                         lingering_time=LINGER_SECONDS)
+        front_end._runner = web.ServerRunner(server, shutdown_timeout=grace_seconds, handle_signals=False)
+        await front_end._runner.setup()
+        site = web.TCPSite(front_end._runner, "0.0.0.0", port, reuse_port=False)
         try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise invalid_argument(f"JSON Parse error: {exc}") from exc
-        if not isinstance(body, dict):
-            raise invalid_argument("request body must be a JSON object")
-        signature_name = body.get("signature_name", "")
-        if not isinstance(signature_name, str):
-            raise invalid_argument("'signature_name' must be a string")
-        layout: dict[str, bool] = {}
+            await site.start()
+        except OSError:
+            await front_end._runner.cleanup()
+            raise
+        return front_end
 
-        def inputs_of(signature: Signature) -> dict[str, np.ndarray]:
-            arrays, layout["row"] = _inputs_from_json(body, signature)
-            return arrays
+    async def stop(self) -> None:
+        """Stops listening; drops requests not yet received, lets requests in flight finish (up to the grace),
+        closes idle connections."""
+        self._closing = True
+        for task in list(self._receiving):
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
-        result = self.predictor.predict(model_name=name, version=version, label=label,
-                                        signature_name=signature_name, inputs_of=inputs_of, output_filter=[],
-                                        deadline=time.monotonic() + self.timeout_seconds, entrypoint="REST")
-        return _predict_body(result.outputs, layout["row"])
-
-
-class _Connections:
-    """The server's open client connections, and whether each is between requests, so that shutting down can
-    close the idle ones (whose threads wait for a next request that may never come) and let busy ones finish."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: dict[socket.socket, bool] = {}
-        self.closing = False
-
-    def opened(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._idle[connection] = True
-
-    def closed(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._idle.pop(connection, None)
-
-    def mark_busy(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._idle[connection] = False
-
-    def mark_idle(self, connection: socket.socket) -> bool:
-        """After a response; False once closing has begun (close_idle has passed this connection by)."""
-        with self._lock:
-            self._idle[connection] = True
-            return not self.closing
-
-    def close_idle(self) -> None:
-        """From now on every response closes its connection; idle connections are shut down now."""
-        with self._lock:
-            self.closing = True
-            idle = [connection for connection, is_idle in self._idle.items() if is_idle]
-        for connection in idle:
-            with contextlib.suppress(OSError):  # the client may have gone already
-                connection.shutdown(socket.SHUT_RDWR)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    api: RestApi  # set on the subclass made per server
-    slots: threading.BoundedSemaphore  # --rest_api_num_threads requests handled at once
-    connections: _Connections
-    protocol_version = "HTTP/1.1"
-    timeout = KEEP_ALIVE_IDLE_SECONDS
-    # Headers and body go out in two writes; with Nagle's algorithm the body would wait for the client's delayed
-    # ACK of the headers (~40 ms) on a kept-alive connection.
-    disable_nagle_algorithm = True
-
-    def setup(self) -> None:
-        super().setup()
-        self.connections.opened(self.connection)
-
-    def finish(self) -> None:
-        self.connections.closed(self.connection)
-        super().finish()
-
-    def parse_request(self) -> bool:
-        self.connections.mark_busy(self.connection)  # a request line arrived
-        return super().parse_request()
-
-    def _respond(self, method: str) -> None:
-        body = b""
-        length_text = self.headers.get("Content-Length", "0")
+    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
+        task = asyncio.current_task()
+        self._receiving.add(task)
         try:
-            length = int(length_text)
-        except ValueError:
-            length = -1
-        if length < 0 or length > MAX_BODY_BYTES:
-            status, payload = 400, {"error": f"bad Content-Length {length_text!r} (limit {MAX_BODY_BYTES} bytes)"}
-            self.close_connection = True  # the unread body would be taken for the next request
-        else:
-            body = self.rfile.read(length) if length else b""
-            with self.slots:
-                status, payload = self.api.handle(method, self.path.split("?", 1)[0], body)
-        if isinstance(payload, bytes):
-            data, content_type = payload, "text/plain; version=0.0.4; charset=utf-8"
-        else:
-            data, content_type = json.dumps(payload).encode("utf-8"), "application/json"
-        if self.connections.closing:
-            self.close_connection = True
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-        if not self.connections.mark_idle(self.connection):
-            self.close_connection = True
+            await self._slots.acquire()
+        finally:
+            self._receiving.discard(task)
+        try:
+            body = await self._receive(request, task)
+            if body is None:  # the rest of an oversized body is never read: the connection closes after this
+                response = _respond(413, {"error": f"request body larger than the limit of {MAX_BODY_BYTES} bytes"})
+                response.force_close()
+                return response
+            response = _respond(*await self.api.handle(request.method, request.path, body))
+        finally:
+            self._slots.release()
+        if self._closing:
+            response.force_close()
+        return response
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._respond("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._respond("POST")
-
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - keep access logs out of the server log
-        return
+    async def _receive(self, request: web.BaseRequest, task: asyncio.Task) -> bytes | None:
+        """The body, or None when its Content-Length (checked before reading) or its chunks exceed the limit."""
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return None
+        self._receiving.add(task)
+        try:
+            return await _read_capped(request, MAX_BODY_BYTES)
+        finally:
+            self._receiving.discard(task)
 
 
-class RestServer:
-    """A threaded HTTP server; close() stops accepting, closes idle connections and waits for in-flight requests."""
+def _respond(status: int, payload: dict | bytes) -> web.Response:
+    if isinstance(payload, bytes):
+        return web.Response(body=payload, status=status, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+    return web.Response(body=json.dumps(payload).encode("utf-8"), status=status, content_type=JSON_CONTENT_TYPE)
 
-    def __init__(self, port: int, api: RestApi, num_threads: int):
-        self._connections = _Connections()
-        handler = type("BoundHandler", (_Handler,), {"api": api, "slots": threading.BoundedSemaphore(num_threads),
-                                                     "connections": self._connections})
-        self._server = ThreadingHTTPServer(("0.0.0.0", port), handler)
-        self._server.daemon_threads = False
-        self._server.block_on_close = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rest", daemon=True)
-        self._thread.start()
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._connections.close_idle()
-        self._server.server_close()
+async def _read_capped(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The body (chunked or not), or None as soon as it exceeds `limit` bytes."""
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)

@@ -169,6 +169,8 @@ def test_request_whose_deadline_passed_in_the_queue_is_dropped(signature, make_q
     time.sleep(0.1)
     run.gate.set()
     wait_for(blocker, None)
-    assert late[0].done.wait(10)
-    assert late[0].error is not None and late[0].error.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert late.answered.wait(10)
+    with pytest.raises(ServingError) as info:
+        late.result()
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert len(run.batches) == 1  # the expired request never reached the model
