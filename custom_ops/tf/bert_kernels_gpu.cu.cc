@@ -290,6 +290,9 @@ __attribute__((visibility("default"))) int64_t bertserve_graphs_held() { return 
 __attribute__((visibility("default"))) int64_t bertserve_most_graphs_held_per_stream() {
   return bertserve::cuda::MostGraphsHeldPerStream();
 }
+__attribute__((visibility("default"))) int64_t bertserve_max_graphs_per_stream() {
+  return static_cast<int64_t>(bertserve::cuda::kMaxGraphsPerStream);
+}
 // Bytes in use on the calling thread's current device (cudaMemGetInfo: total - free, every allocator's), or -1.
 __attribute__((visibility("default"))) int64_t bertserve_device_bytes_in_use() {
   size_t free = 0, total = 0;
