@@ -5,10 +5,12 @@ signature's tensor names with host tensors in and out. This script exports the c
 from a seed) as fused fp16, fused fp32 and stock fp16 SavedModels and times, host numpy in and out:
 - `session`: tf.compat.v1.saved_model.loader.load + Session.make_callable on the signature's tensor names (the
   session path; `session_run` is Session.run with a feed dict, for the Python cost of that form);
+- `server`: what `bertserve serve` runs per batch (server/servable.py: the token checks, then the same callable);
 - `tf2`: tf.saved_model.load + the `serving_default` concrete function;
 - `core`: the CUDA core's graph replay through the harness's C ABI (bench/gpu/core.py), device time only, on the same
   lengths: the ceiling the TF path is compared with.
-Each row is the median and P99 of at least --calls calls (fewer only where --budget_s runs out first) after a warmup.
+Each headline row (fused fp16, session and server) is the median and P99 of --calls calls after a warmup; the
+others stop early where --budget_s runs out.
 One traced session call per small batch says where the time goes (per-op host and device times).
 
 Usage (on the GPU machine, from the repository root, after `source gpu_rig/env.sh`):
@@ -38,7 +40,7 @@ from bertserve.model_dir import INPUT_NAMES, OUTPUT_NAME, SIGNATURE_NAME
 SEQ = 32
 BATCHES = (1, 8, 32, 128, 512, 2048, 8192)
 DISTS = ("U8_32", "all32")
-VARIANTS = (("fused", "fp16"), ("fused", "fp32"), ("stock", "fp16"))
+VARIANTS = (("fused", "fp16"), ("stock", "fp16"), ("fused", "fp32"))
 
 
 def lengths_for(dist: str, batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -61,13 +63,14 @@ def export(weights: BertWeights, variant: str, precision: str, path: str) -> str
     return path
 
 
-def timed(fn: Callable[[], object], calls: int, budget_s: float) -> dict:
-    """Median and P99 of host wall time per call (each call returns host numpy, so it includes the device work)."""
+def timed(fn: Callable[[], object], calls: int, budget_s: float | None) -> dict:
+    """Median and P99 of host wall time per call (each call returns host numpy, so it includes the device work):
+    `calls` calls, or fewer (50 at least) where budget_s runs out first."""
     for _ in range(20):
         fn()
     times = []
     start = time.perf_counter()
-    while len(times) < calls and (time.perf_counter() - start < budget_s or len(times) < 50):
+    while len(times) < calls and (budget_s is None or time.perf_counter() - start < budget_s or len(times) < 50):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -118,6 +121,19 @@ class SessionPath:
         self.session.close()
 
 
+class ServerPath:
+    """What `bertserve serve` runs per batch: the servable's checks of the token inputs, then its Session callable."""
+
+    def __init__(self, path: str):
+        from bertserve.server.servable import LoadedVersion
+
+        self.signature = LoadedVersion("chitchat", 1, path, {"serve"}).signature(SIGNATURE_NAME)
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        self.signature.check_inputs(inputs)
+        return self.signature.run(inputs)[OUTPUT_NAME]
+
+
 class Tf2Path:
     def __init__(self, path: str):
         self.model = tf.saved_model.load(path)
@@ -161,7 +177,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--budget_s", type=float, default=6.0, help="per row and path")
+    parser.add_argument("--budget_s", type=float, default=2.0, help="per row and path, but the headline's")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--variants", default=",".join(f"{v}_{p}" for v, p in VARIANTS))
     parser.add_argument("--harness_lib", default=".device_carry/cuda/libbertserve_cuda.so")
@@ -204,15 +220,20 @@ def main(argv: list[str]) -> int:
             path = export(weights, kind, precision, os.path.join(tmp, variant))
             print(f"exported {variant} in {time.time() - t0:.1f} s", flush=True)
             session, tf2 = SessionPath(path), Tf2Path(path)
+            headline = variant == "fused_fp16"
+            server = ServerPath(path) if headline else None
             for dist, batch, inputs in cases:
                 row = rows[(dist, batch)]
-                row[f"{variant}_session"] = timed(lambda: session(inputs), args.calls, args.budget_s)
-                if kind == "fused":
-                    row[f"{variant}_session_run"] = timed(lambda: session.run(inputs), args.calls, args.budget_s / 2)
-                    row[f"{variant}_tf2"] = timed(lambda: tf2(inputs), args.calls, args.budget_s / 2)
+                # The headline rows take --calls calls whatever they cost; the others stop at --budget_s.
+                row[f"{variant}_session"] = timed(lambda: session(inputs), args.calls,
+                                                  None if headline else args.budget_s)
+                if headline:
+                    row[f"{variant}_server"] = timed(lambda: server(inputs), args.calls, None)
+                    row[f"{variant}_session_run"] = timed(lambda: session.run(inputs), args.calls, args.budget_s)
+                    row[f"{variant}_tf2"] = timed(lambda: tf2(inputs), args.calls, args.budget_s)
                 for key in [k for k in row if k.startswith(variant)]:
                     row[key]["seq_s"] = round(batch / row[key]["median_ms"] * 1e3)
-                if kind == "fused" and precision == "fp16" and batch in (1, 32) and dist == "U8_32":
+                if headline and batch in (1, 32, 8192) and dist == "U8_32":
                     result.setdefault("traces", {})[f"{variant}_batch{batch}"] = session.trace(inputs)
                 print(json.dumps({k: row[k] for k in ("dist", "batch", "core_graph_ms", f"{variant}_session")}),
                       flush=True)
@@ -225,16 +246,19 @@ def main(argv: list[str]) -> int:
 
 
 def print_table(result: dict) -> None:
-    print("| lengths | batch | core graph ms | fused fp16 session ms (P99) | TF2 ms | seq/s session | session / core seq/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| lengths | batch | core graph ms | fused fp16 session ms (P99) | server ms (P99) | TF2 ms | stock fp16 ms |"
+          " seq/s session | session / core seq/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in result["rows"]:
         s = row.get("fused_fp16_session")
         if not s:
             continue
+        server = row.get("fused_fp16_server", {})
         tf2 = row.get("fused_fp16_tf2", {}).get("median_ms")
+        stock = row.get("stock_fp16_session", {}).get("median_ms")
         ratio = f"{row['core_graph_ms'] / s['median_ms']:.2f}" if row.get("core_graph_ms") else "-"
         print(f"| {row['dist']} | {row['batch']} | {row.get('core_graph_ms')} | {s['median_ms']} ({s['p99_ms']}) | "
-              f"{tf2} | {s['seq_s']} | {ratio} |")
+              f"{server.get('median_ms')} ({server.get('p99_ms')}) | {tf2} | {stock} | {s['seq_s']} | {ratio} |")
 
 
 if __name__ == "__main__":
