@@ -19,6 +19,7 @@ def _parse_bool(text: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class ServerOptions:
     port: int = 8500
+    grpc_socket_path: str = ""
     rest_api_port: int = 0
     rest_api_num_threads: int = 0
     rest_api_timeout_in_ms: int = 30000
@@ -40,6 +41,8 @@ class ServerOptions:
     tensorflow_inter_op_parallelism: int = 0
     max_num_load_retries: int = 5
     load_retry_interval_micros: int = 60 * 1000 * 1000
+    prefer_tflite_model: bool = False
+    enable_serialization_as_tensor_content: bool = False
 
     def effective_grpc_threads(self, max_batch_size: int) -> int:
         """TF Serving's default is 4 x CPUs; its handlers are asynchronous. Here a handler thread waits while its
@@ -56,6 +59,7 @@ class ServerOptions:
 
 _HELP = {
     "port": "TCP port for the gRPC API (0 disables it)",
+    "grpc_socket_path": "also serve the gRPC API on this UNIX socket (empty: no socket)",
     "rest_api_port": "TCP port for the HTTP/REST API (0 disables it); must differ from --port",
     "rest_api_num_threads": "threads for the HTTP/REST API (0: auto)",
     "rest_api_timeout_in_ms": "timeout for HTTP/REST API calls",
@@ -77,12 +81,15 @@ _HELP = {
     "tensorflow_inter_op_parallelism": "ops run at once (0: auto)",
     "max_num_load_retries": "retries after a failed load of a version",
     "load_retry_interval_micros": "wait between load retries",
+    "prefer_tflite_model": "load model.tflite instead of the SavedModel (not supported here: only false)",
+    "enable_serialization_as_tensor_content": "Predict outputs in tensor_content instead of the typed fields "
+                                              "(float_val, ...)",
 }
 
 
 # tensorflow_model_server tuning flags with no counterpart here: accepted (so a deployment's command line keeps
-# working) and reported by a warning. Flags that change security or the API (TLS, sockets, platforms) are not
-# in this list and are refused as unknown.
+# working) and reported by a warning. Flags that change security or the API (TLS, platforms) are not in this
+# list and are refused as unknown.
 TUNING_FLAGS_WITHOUT_EFFECT = (
     "grpc_channel_arguments", "flush_filesystem_caches", "num_load_threads", "num_unload_threads",
     "remove_unused_fields_from_bundle_metagraph", "per_process_gpu_memory_fraction", "xla_cpu_compilation_enabled",
@@ -122,8 +129,11 @@ def parse_flags(argv: list[str]) -> tuple[ServerOptions, list[str]]:
         raise FlagError("--batching_parameters_file requires --enable_batching (as in tensorflow_model_server)")
     if not options.model_config_file and not options.model_base_path:
         raise FlagError("Both server_options.model_base_path and server_options.model_config_file are empty!")
-    if options.port == 0 and options.rest_api_port == 0:
-        raise FlagError("at least one of --port and --rest_api_port must be non-zero")
+    if options.port == 0 and options.rest_api_port == 0 and not options.grpc_socket_path:
+        raise FlagError("at least one of --port, --grpc_socket_path and --rest_api_port must be set")
+    if options.prefer_tflite_model:
+        raise FlagError("--prefer_tflite_model=true is not supported: this server loads SavedModels only "
+                        "(TensorFlow Lite models need a tensorflow_model_server build with TFLite)")
     if options.rest_api_port and options.rest_api_port == options.port:
         raise FlagError("--rest_api_port must differ from --port")
     return options, ignored

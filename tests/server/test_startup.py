@@ -68,9 +68,18 @@ def test_batching_parameters_out_of_range_stop_the_server(tmp_path):
         in result.stderr
 
 
+@pytest.mark.parametrize("flags, code, message", [
+    (["--prefer_tflite_model=true"], 2, "--prefer_tflite_model=true is not supported"),
+    (["--prefer_tflite_model"], 2, "--prefer_tflite_model=true is not supported"),
+])
+def test_refused_flags(tmp_path, flags, code, message):
+    result = _serve("--model_base_path=/models/m", *flags)
+    assert result.returncode == code and message in result.stderr, result.stderr[-3000:]
+
+
 def test_empty_config_file_starts_without_models_then_reload_adds_one(models_dir, tmp_path, start_server):
     (tmp_path / "empty.config").write_text("")
-    server = start_server(f"--model_config_file={tmp_path / 'empty.config'}")
+    server = start_server(f"--model_config_file={tmp_path / 'empty.config'}", "--prefer_tflite_model=false")
     with pytest.raises(grpc.RpcError) as info:
         server.predict.Predict(predict_request("tiny", token_inputs(1, 8)), timeout=30)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
@@ -79,6 +88,19 @@ def test_empty_config_file_starts_without_models_then_reload_adds_one(models_dir
     server.models.HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(config=config), timeout=120)
     reply = server.predict.Predict(predict_request("tiny", token_inputs(1, 8)), timeout=30)
     assert reply.model_spec.version.value == 2
+
+
+def test_grpc_also_on_a_unix_socket(models_dir, tmp_path, start_server):
+    socket_path = tmp_path / "grpc.sock"
+    server = start_server(f"--model_base_path={models_dir}/tiny", "--model_name=tiny",
+                          f"--grpc_socket_path={socket_path}")
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        over_socket = stub.Predict(predict_request("tiny", token_inputs(2, 8)), timeout=30)
+    over_tcp = server.predict.Predict(predict_request("tiny", token_inputs(2, 8)), timeout=30)
+    assert over_socket == over_tcp
 
 
 def test_a_model_without_versions_yet_delays_start_until_one_appears(models_dir, tmp_path, start_server):
