@@ -304,6 +304,10 @@ void LaunchFusedFor(const __half* qkv, const int32_t* cu_seqlens, int64_t batch,
     ThrowIfFailed(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   "FusedShortAttentionKernel shared memory");
   }
+  if (batch > kMaxGridX || num_heads > kMaxGridYZ) {
+    throw std::runtime_error("the CUDA attention's grid cannot hold " + std::to_string(batch) + " rows x " +
+                             std::to_string(num_heads) + " heads");
+  }
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads));
   LaunchAfterPredecessor("FusedShortAttentionKernel", kernel, grid, kFirstQuery ? 32 : kMaxKeys / 16 * 32, kSmem,
                          stream, qkv, cu_seqlens, static_cast<int>(num_heads * D), scale_log2, context, hidden_in,
@@ -333,8 +337,12 @@ void LaunchStreaming(const T* qkv, const int32_t* cu_seqlens, int64_t batch, int
     throw std::runtime_error("the CUDA attention supports head sizes up to " +
                              std::to_string(32 * kMaxStreamingDimsPerLane) + ", got " + std::to_string(head_size));
   }
-  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads),
-                  kFirstQuery ? 1u : static_cast<unsigned>(CeilDiv(max_seqlen, kStreamingWarps)));
+  const int64_t query_blocks = kFirstQuery ? 1 : CeilDiv(max_seqlen, kStreamingWarps);
+  if (batch > kMaxGridX || num_heads > kMaxGridYZ || query_blocks > kMaxGridYZ) {
+    throw std::runtime_error("the CUDA attention's grid cannot hold " + std::to_string(batch) + " rows of up to " +
+                             std::to_string(max_seqlen) + " tokens x " + std::to_string(num_heads) + " heads");
+  }
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(num_heads), static_cast<unsigned>(query_blocks));
   LaunchAfterPredecessor("StreamingAttentionKernel", StreamingAttentionKernel<T, kFirstQuery>, grid,
                          kFirstQuery ? 32 : kStreamingWarps * 32, 0, stream, qkv, cu_seqlens,
                          static_cast<int>(num_heads * head_size), static_cast<int>(head_size), scale_log2, context,

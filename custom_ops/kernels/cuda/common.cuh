@@ -91,6 +91,9 @@ __device__ __forceinline__ float WarpMax(float v) {
 }
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// CUDA's grid limits: launch sizes past them are refused by name before a launch fails (or a cast truncates them).
+constexpr int64_t kMaxGridX = 2147483647;
+constexpr int64_t kMaxGridYZ = 65535;
 
 // The packed row of position p of padded sequence b (whose rows are cu_seqlens[b] .. cu_seqlens[b + 1] - 1), or -1
 // where p is padding: how the kernels over a padded batch's positions find their rows, with no search.

@@ -357,9 +357,9 @@ __global__ void __launch_bounds__(kThreads)
                         int batch, T* __restrict__ packed) {
   JoinLaunchChain();
   const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
-  if (row >= batch * seq) return;
-  const int t = PackedRowOf(cu_seqlens, row / seq, row % seq);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
+  if (row >= static_cast<int64_t>(batch) * seq) return;  // batch * seq may exceed int
+  const int t = PackedRowOf(cu_seqlens, static_cast<int>(row / seq), static_cast<int>(row % seq));
   if (t < 0) return;
   const T* src = padded + static_cast<int64_t>(row) * width;
   T* dst = packed + static_cast<int64_t>(t) * width;
@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(kThreads)
                          int batch, T* __restrict__ padded) {
   JoinLaunchChain();
   const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
-  if (row >= batch * seq) return;
-  const int t = PackedRowOf(cu_seqlens, row / seq, row % seq);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);  // b * seq + p
+  if (row >= static_cast<int64_t>(batch) * seq) return;  // batch * seq may exceed int
+  const int t = PackedRowOf(cu_seqlens, static_cast<int>(row / seq), static_cast<int>(row % seq));
   const T* src = packed + static_cast<int64_t>(t) * width;  // read only where t >= 0
   T* dst = padded + static_cast<int64_t>(row) * width;
   for (int c = lane; c < width; c += 32) dst[c] = t >= 0 ? src[c] : FromFloat<T>(0.f);
@@ -432,7 +432,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-unsigned WarpBlocks(int64_t rows) { return static_cast<unsigned>(CeilDiv(rows, kWarpsPerBlock)); }
+unsigned WarpBlocks(int64_t rows) {
+  const int64_t blocks = CeilDiv(rows, kWarpsPerBlock);
+  if (blocks > kMaxGridX) throw std::runtime_error(std::to_string(rows) + " rows exceed one launch's grid");
+  return static_cast<unsigned>(blocks);
+}
 
 }  // namespace
 
@@ -445,8 +449,12 @@ void LaunchEmbeddingLayerNorm(const T* word, const T* position, const T* token_t
   if (num_tokens == 0 || batch == 0 || seq == 0) return;
   // A warp or a block per row as for num_tokens rows, over the padded batch's positions.
   DispatchRows(num_tokens, hidden, [&]<int kRowThreads, int kPairs>(unsigned) {
-    const dim3 grid(static_cast<unsigned>(batch),
-                    static_cast<unsigned>(CeilDiv(seq, RowSplit<kRowThreads>::kRowsPerBlock)));
+    const int64_t position_blocks = CeilDiv(seq, RowSplit<kRowThreads>::kRowsPerBlock);
+    if (batch > kMaxGridX || position_blocks > kMaxGridYZ) {
+      throw std::runtime_error("the CUDA embedding's grid cannot hold " + std::to_string(batch) + " rows of " +
+                               std::to_string(seq) + " positions");
+    }
+    const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(position_blocks));
     LaunchAfterPredecessor("EmbeddingLayerNormKernel", EmbeddingLayerNormKernel<T, kRowThreads, kPairs>, grid,
                            kThreads, 0, stream, word, position, token_type, gamma, beta, vocab_size, type_vocab_size,
                            input_ids, segment_ids, seq, cu_seqlens, hidden, epsilon, out);
