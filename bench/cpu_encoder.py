@@ -19,12 +19,16 @@ Before each configuration the bench waits for the shared CPUs to go idle (record
 and measures a configuration again when other processes took more than 5 % of the CPUs during it (the least
 disturbed of up to 3 attempts is kept; its others_cpu_share is recorded).
 
-    python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--out bench/results/cpu_encoder.json]
+    python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--idle-wait 600]
+                                [--out bench/results/cpu_encoder_<vendor>.json]
+
+The result is named by the CPU's vendor (amd, intel), so that each vendor's machine keeps its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -49,6 +53,7 @@ IDLE_WAIT_SECONDS = 600.0
 MAX_OTHERS_CPU_SHARE = 0.05
 MAX_ATTEMPTS = 3
 ORT_ENGINES = ("ort_tf2onnx", "ort_hf_fused")
+GEMM_BACKEND_ENV = "BERTSERVE_CPU_GEMM"
 # ONNX Runtime session config for the round-robin timing: no spinning threads left behind after a run.
 ORT_STOP_SPINNING = {"session.force_spinning_stop": "1"}
 LOADS = {"uniform_8_32": (8, SEQ), "all_32": (SEQ, SEQ)}
@@ -73,6 +78,32 @@ def tf_engine(weights, variant: str, first_token_only: bool = True) -> Engine:
     serve = module.serving_default
     return lambda ids, mask, segments: serve(tf.constant(ids), tf.constant(mask), tf.constant(segments))[
         "scores"].numpy()
+
+
+def pinned_gemm_engine(weights, backend: str) -> Engine:
+    """The fused engine with its weights packed for one GEMM backend: the library reads BERTSERVE_CPU_GEMM when it
+    packs, at the first call, which is made here under the variable."""
+    previous = os.environ.get(GEMM_BACKEND_ENV)
+    os.environ[GEMM_BACKEND_ENV] = backend
+    try:
+        engine = tf_engine(weights, "fused")
+        engine(*make_inputs(2, LOADS["uniform_8_32"], weights.config.vocab_size, seed=0))
+    finally:
+        if previous is None:
+            del os.environ[GEMM_BACKEND_ENV]
+        else:
+            os.environ[GEMM_BACKEND_ENV] = previous
+    return engine
+
+
+def selected_gemm_backend() -> str | None:
+    """The GEMM backend the op library packs for in this process (its own choice on this CPU, or the override)."""
+    from bertserve import custom_ops
+
+    query = ctypes.CDLL(custom_ops.library_path()).bertserve_cpu_gemm_backend
+    query.restype = ctypes.c_char_p
+    name = query()
+    return name.decode() if name is not None else None
 
 
 def hf_onnx(weights, path: str) -> str:
@@ -133,14 +164,14 @@ def ratio(seq_per_s: dict[str, float], other: str) -> float:
     return round(seq_per_s["fused"] / seq_per_s[other], 3)
 
 
-def wait_for_idle_cpus() -> dict:
-    """Waits until the CPUs are idle (busy below IDLE_BUSY_PERCENT over one second) or IDLE_WAIT_SECONDS pass;
+def wait_for_idle_cpus(max_wait: float) -> dict:
+    """Waits until the CPUs are idle (busy below IDLE_BUSY_PERCENT over one second) or max_wait seconds pass;
     returns the seconds waited, the last busy percentage and the load average, for the record."""
     import psutil
 
     start = time.monotonic()
     busy = psutil.cpu_percent(interval=1.0)
-    while busy >= IDLE_BUSY_PERCENT and time.monotonic() - start < IDLE_WAIT_SECONDS:
+    while busy >= IDLE_BUSY_PERCENT and time.monotonic() - start < max_wait:
         busy = psutil.cpu_percent(interval=1.0)
     return {"waited_s": round(time.monotonic() - start, 1), "cpu_busy_percent": busy,
             "load_average": os.getloadavg()}
@@ -206,15 +237,20 @@ def summarize(calls: dict[str, list[float]], batch: int) -> dict:
             "fused_vs_best_onnxruntime": ratio(seq_per_s, max(ORT_ENGINES, key=seq_per_s.get)),
             "fused_vs_best_onnxruntime_best_calls": ratio(best, max(ORT_ENGINES, key=best.get)),
             "fused_vs_stock_tf": ratio(seq_per_s, "stock_tf"),
-            "fused_vs_fused_all_tokens": ratio(seq_per_s, "fused_all_tokens")}
+            "fused_vs_fused_all_tokens": ratio(seq_per_s, "fused_all_tokens"),
+            "fused_vs_fused_mkl": ratio(seq_per_s, "fused_mkl")}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument("--seconds", type=float, default=4.0, help="minimum timed seconds per engine and config")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu_encoder.json"))
+    parser.add_argument("--idle-wait", type=float, default=IDLE_WAIT_SECONDS,
+                        help="most seconds to wait for idle CPUs before each configuration")
+    parser.add_argument("--out", help="default: bench/results/cpu_encoder_<vendor>.json")
     args = parser.parse_args(argv)
+    host = machine()
+    out = args.out or os.path.join(os.path.dirname(__file__), "results", f"cpu_encoder_{host['vendor']}.json")
 
     import onnxruntime
     import tensorflow as tf
@@ -226,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = os.cpu_count() or 1
     tf_engines: dict[str, Engine] = {"fused": tf_engine(weights, "fused"),
                                      "fused_all_tokens": tf_engine(weights, "fused", first_token_only=False),
+                                     "fused_mkl": pinned_gemm_engine(weights, "mkl"),
                                      "stock_tf": tf_engine(weights, "stock")}
     with tempfile.TemporaryDirectory() as workdir:
         onnx_files = {"ort_tf2onnx": export_onnx(weights, os.path.join(workdir, "stock.onnx")),
@@ -245,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 agreement = max(float(np.abs(scores[n] - scores["stock_tf"]).max()) for n in scores)
                 attempts = []
                 for _ in range(MAX_ATTEMPTS):
-                    before = wait_for_idle_cpus()
+                    before = wait_for_idle_cpus(args.idle_wait)
                     timings, share = others_cpu_share(lambda: {
                         "alone": summarize(time_alone(alone, inputs, args.seconds), batch),
                         "round_robin": summarize(time_round_robin(round_robin, inputs, args.seconds), batch)})
@@ -262,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bench/cpu_encoder.py",
         "model": {"layers": 6, "hidden": 768, "heads": 12, "intermediate": 3072, "seq": SEQ, "weights": "random"},
         "machine": machine(),
+        "machine_at_start": host,
+        "gemm_backend": selected_gemm_backend(),
+        "gemm_backend_override": os.environ.get(GEMM_BACKEND_ENV),
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
                      "onnxruntime": onnxruntime.__version__},
         "threads": threads,
@@ -271,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                      "first_token_only (the last layer past its QKV GEMM on each row's first token alone)",
             "fused_all_tokens": "the same fused ops with first_token_only off: every layer on every token, then "
                                 "BertGatherFirstToken (the fused graph before first_token_only)",
+            "fused_mkl": "the fused engine with its GEMMs on MKL (BERTSERVE_CPU_GEMM=mkl), whatever gemm_backend is",
             "stock_tf": "export.graph variant stock fp32: standard TF ops, padded, masked",
             "ort_tf2onnx": "the stock TF graph via tf2onnx (export.onnx_export, what `bertserve export --onnx` writes) "
                            "+ onnxruntime.transformers optimizer (model_type bert)",
@@ -287,10 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 import os
 import subprocess
 
+VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
+
 
 def machine() -> dict:
-    """CPU model, family/model, core count and AVX-512 support from lscpu, plus the load average (other jobs
-    share these cores)."""
+    """CPU vendor, model, family/model, core count, instruction-set flags and AVX-512 support from lscpu, plus the
+    load average (other jobs share these cores)."""
     fields = {}
     for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
         key, _, value = line.partition(":")
         fields[key.strip()] = value.strip()
-    return {"cpu": fields.get("Model name"), "cpu_family_model": f"{fields.get('CPU family')}/{fields.get('Model')}",
-            "cores": int(fields.get("CPU(s)", "0")),
-            "flags_avx512f": "avx512f" in fields.get("Flags", ""), "load_average": os.getloadavg()}
+    vendor_id, flags = fields.get("Vendor ID", ""), fields.get("Flags", "").split()
+    return {"vendor": VENDORS.get(vendor_id, vendor_id.lower()), "cpu": fields.get("Model name"),
+            "cpu_family_model": f"{fields.get('CPU family')}/{fields.get('Model')}",
+            "cores": int(fields.get("CPU(s)", "0")), "flags_avx512f": "avx512f" in flags, "flags": flags,
+            "load_average": os.getloadavg()}

@@ -214,3 +214,13 @@ void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const Packe
 
 }  // namespace cpu
 }  // namespace bertserve
+
+// The name of the backend weights packed now would use (null when BERTSERVE_CPU_GEMM names none this CPU can run),
+// for tools and tests through ctypes: bench/cpu_encoder.py records it beside its timings.
+extern "C" __attribute__((visibility("default"))) const char* bertserve_cpu_gemm_backend() {
+  try {
+    return bertserve::cpu::SelectedGemmBackend().name();
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}

@@ -4,6 +4,8 @@ fresh set of weight arrays is packed again."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -56,6 +58,23 @@ def test_first_token_only_matches_reference(backend):
     expected = np.stack([rows[0] if len(rows) else np.zeros(72) for rows in
                          reference.encode(weights, ids, mask, segments)])
     assert_close(first, expected, FP32_TOLERANCE)
+
+
+def selected_backend() -> str | None:
+    """The library's own answer (bertserve_cpu_gemm_backend, exported for tools) to which backend packs now."""
+    query = ctypes.CDLL(ops.library_path()).bertserve_cpu_gemm_backend
+    query.restype = ctypes.c_char_p
+    name = query()
+    return name.decode() if name is not None else None
+
+
+def test_override_is_the_backend_that_packs(backend):
+    assert selected_backend() == backend
+
+
+def test_without_override_a_backend_is_chosen(monkeypatch):
+    monkeypatch.delenv("BERTSERVE_CPU_GEMM", raising=False)
+    assert selected_backend() in BACKENDS
 
 
 def test_unknown_backend_is_refused_by_name(monkeypatch):
