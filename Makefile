@@ -50,7 +50,7 @@ test: setup bazel
 	$(PY) -m pytest -q tests
 
 demo: setup
-	$(PY) -m bertserve.client.demo
+	$(PY) examples/demo.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(OP_LIB) custom_ops/_bert_ops_gpu.so

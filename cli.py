@@ -10,8 +10,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "export": ("bertserve.export.cli", "main", "export a trained BERT ranker as TF Serving model versions"),
     "serve": ("bertserve.server.main", "main", "run the TF-Serving-compatible model server"),
     "rank": ("bertserve.client.cli", "rank_main", "rank candidate replies for a query"),
-    "loadtest": ("bertserve.client.cli", "loadtest_main", "QPS / latency load test against a server"),
-    "tune-batching": ("bertserve.client.cli", "tune_main", "search batching parameters under a P99 SLO"),
+    "loadtest": ("bertserve.loadtest.cli", "loadtest_main", "QPS / latency load test against a server"),
+    "tune-batching": ("bertserve.loadtest.cli", "tune_main", "search batching parameters under a P99 SLO"),
 }
 
 

@@ -33,10 +33,10 @@ import grpc
 import numpy as np
 import requests
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import predict_pb2
 
 from bertserve.bench.machine import machine
-from bertserve.client.server_process import batch_size_totals, launch
+from bertserve.loadtest.server_process import ServerProcess
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
@@ -84,23 +84,21 @@ class Server:
             with open(batching_file, "w", encoding="utf-8") as handle:
                 handle.write(batching)
             flags += ["--enable_batching", f"--batching_parameters_file={batching_file}"]
-        self.server = launch(flags, None, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        self.server = ServerProcess(flags, None, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         try:
-            self.server.wait_serving(120.0)
+            self.server.wait_ready(120.0)
         except BaseException:
-            self.server.stop()
+            self.server.terminate()
             self.files.cleanup()
             raise
-        self.channel = grpc.insecure_channel(self.server.target)
-        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        self.stub = self.server.predict
 
     def batch_sizes(self) -> tuple[float, float]:
         """(rows, batches) run so far, from the server's bertserve_batch_size histogram."""
-        return batch_size_totals(self.server.rest_target, DEFAULT_PROMETHEUS_PATH, self.name)
+        return self.server.batch_size_totals(self.name)
 
     def close(self) -> None:
-        self.server.stop()
-        self.channel.close()
+        self.server.terminate()
         self.files.cleanup()
 
 
@@ -234,7 +232,9 @@ def batcher_choice(base: str, quick: bool) -> dict:
                if sample.name in ("bertserve_batch_size_sum", "bertserve_batch_size_count")}
     python_mean = samples["bertserve_batch_size_sum"] / max(samples["bertserve_batch_size_count"], 1)
 
-    function = signature.function
+    # TensorFlow's BatchFunction wraps a tf.function: the SavedModel loaded as functions (the server runs it in a
+    # Session, which has no function to wrap).
+    function = tf.saved_model.load(os.path.join(base, "tiny", "1")).signatures["serving_default"]
     specs = [tf.TensorSpec([None, SEQ], tf.int32) for _ in range(3)]
 
     @tf.function(input_signature=specs)

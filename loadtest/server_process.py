@@ -1,11 +1,12 @@
-"""Starts and stops `bertserve serve` as a child process: the tuner restarts it for every batching parameter set
-(TF Serving reads batching parameters once, at start), and the demo, the tests and the benchmarks run against the
-real server. The one place that launches it and waits for it."""
+"""Starts and stops `bertserve serve` as a child process: the one place that launches it and waits for it.
+
+The tuner restarts it for every batching parameter set (TF Serving reads batching parameters once, at start);
+the demo, the tests and the benchmarks run against the real server through it."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import functools
 import os
 import signal
 import socket
@@ -15,8 +16,12 @@ import time
 from typing import Iterator, Mapping, Sequence
 
 import grpc
+import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
+
+from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH
 
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.State.AVAILABLE
 
@@ -27,12 +32,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@dataclasses.dataclass
 class ServerProcess:
-    process: subprocess.Popen
-    grpc_port: int
-    rest_port: int
-    log_path: str | None  # None: output discarded
+    """`bertserve serve` as a child process on two free ports (gRPC, REST), reached through gRPC stubs and HTTP.
+
+    Starting returns at once; wait_ready or wait_until_available waits for the server. Use it as a context
+    manager, or call terminate (or kill), so that no server outlives its caller."""
+
+    def __init__(self, flags: Sequence[str], log_path: str | None = None, env: Mapping[str, str] | None = None):
+        """flags: `bertserve serve` flags other than the ports; log_path: where its output goes (None: discarded);
+        env: the child's whole environment (None: this process's)."""
+        self.grpc_port, self.rest_port, self.log_path = free_port(), free_port(), log_path
+        command = [sys.executable, "-m", "bertserve.cli", "serve", f"--port={self.grpc_port}",
+                   f"--rest_api_port={self.rest_port}", *flags]
+        if log_path is None:
+            log = subprocess.DEVNULL
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+            log = open(log_path, "w", encoding="utf-8")
+        try:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env=None if env is None else dict(env))
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.terminate()
 
     @property
     def target(self) -> str:
@@ -42,88 +70,116 @@ class ServerProcess:
     def rest_target(self) -> str:
         return f"localhost:{self.rest_port}"
 
-    def log_tail(self, lines: int = 30) -> str:
+    @property
+    def rest(self) -> str:
+        """The REST front end's base URL."""
+        return f"http://{self.rest_target}"
+
+    @property
+    def rest_address(self) -> tuple[str, int]:
+        """(host, port) of the REST front end, for callers that speak HTTP on a socket of their own."""
+        return "localhost", self.rest_port
+
+    @functools.cached_property
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.target)
+
+    @functools.cached_property
+    def predict(self) -> prediction_service_pb2_grpc.PredictionServiceStub:
+        return prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+
+    @functools.cached_property
+    def models(self) -> model_service_pb2_grpc.ModelServiceStub:
+        return model_service_pb2_grpc.ModelServiceStub(self.channel)
+
+    def log(self) -> str:
         if self.log_path is None:
             return "(output discarded)"
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
+            return f.read()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "".join(self.log().splitlines(keepends=True)[-lines:])
 
     def check_running(self, waiting_for: str) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"bertserve serve exited with {self.process.returncode} before {waiting_for}; "
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"bertserve serve exited with {self.proc.returncode} before {waiting_for}; "
                                f"log tail:\n{self.log_tail()}")
 
-    def wait_serving(self, timeout_s: float = 120.0) -> None:
+    def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
         """Polls grpc.health.v1 until the server reports SERVING (it does once its models are loaded and both
         front ends listen)."""
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                self.check_running("it was serving")
-                try:
-                    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass  # not listening yet
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not serving after {timeout_s:.0f} s; log tail:\n{self.log_tail()}")
-                time.sleep(0.2)
-
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM (the server drains in-flight requests), SIGKILL only if it does not exit in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        health = health_pb2_grpc.HealthStub(self.channel)
+        while True:
+            self.check_running("it was serving")
             try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+                reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return self
+            except grpc.RpcError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not serving after {timeout:.0f} s; log tail:\n{self.log_tail()}")
+            time.sleep(0.2)
 
-
-def launch(flags: Sequence[str], log_path: str | None, env: Mapping[str, str] | None = None) -> ServerProcess:
-    """`bertserve serve` with flags on two free ports (gRPC, REST), its output to log_path (None: discarded). It
-    returns at once: wait_serving or wait_until_available waits for the server."""
-    grpc_port, rest_port = free_port(), free_port()
-    command = [sys.executable, "-m", "bertserve.cli", "serve", f"--port={grpc_port}", f"--rest_api_port={rest_port}",
-               *flags]
-    if log_path is None:
-        log = subprocess.DEVNULL
-    else:
-        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-        log = open(log_path, "w", encoding="utf-8")
-    try:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env=None if env is None else dict(env))
-    finally:
-        if log is not subprocess.DEVNULL:
-            log.close()
-    return ServerProcess(process, grpc_port, rest_port, log_path)
-
-
-def wait_until_available(server: ServerProcess, models: Sequence[str], timeout_s: float) -> None:
-    """Polls ModelService.GetModelStatus until every model has an AVAILABLE version."""
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(server.target) as channel:
-        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+    def wait_until_available(self, models: Sequence[str], timeout_s: float) -> "ServerProcess":
+        """Polls ModelService.GetModelStatus until every model has an AVAILABLE version."""
+        deadline = time.monotonic() + timeout_s
         pending = list(models)
         while pending:
-            server.check_running("its models were available")
+            self.check_running("its models were available")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"models {pending} not AVAILABLE after {timeout_s:.0f} s; log tail:\n"
-                                   f"{server.log_tail()}")
+                                   f"{self.log_tail()}")
             request = get_model_status_pb2.GetModelStatusRequest()
             request.model_spec.name = pending[0]
             try:
-                status = stub.GetModelStatus(request, timeout=2.0)
+                status = self.models.GetModelStatus(request, timeout=2.0)
                 if any(v.state == AVAILABLE for v in status.model_version_status):
                     pending.pop(0)
                     continue
             except grpc.RpcError:
                 pass  # not listening yet, or the model is still loading
             time.sleep(0.5)
+        return self
+
+    def metrics_text(self, prometheus_path: str = DEFAULT_PROMETHEUS_PATH) -> str:
+        """The Prometheus exposition text (the monitoring config must enable it at prometheus_path)."""
+        return requests.get(self.rest + prometheus_path, timeout=30).text
+
+    def batch_size_totals(self, model: str, prometheus_path: str = DEFAULT_PROMETHEUS_PATH) -> tuple[float, float]:
+        """(rows, executed batches) of `model` so far, from the `bertserve_batch_size` histogram."""
+        totals = {"sum": 0.0, "count": 0.0}
+        for family in text_string_to_metric_families(self.metrics_text(prometheus_path)):
+            if family.name == "bertserve_batch_size":
+                for sample in family.samples:
+                    kind = sample.name.rsplit("_", 1)[-1]
+                    if kind in totals and sample.labels.get("model_name") == model:
+                        totals[kind] += sample.value
+        return totals["sum"], totals["count"]
+
+    def terminate(self, timeout: float = 90.0) -> int:
+        """SIGTERM (the server drains in-flight requests), SIGKILL only if it does not exit in time; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_channel()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_channel()
+
+    def _close_channel(self) -> None:
+        if "channel" in self.__dict__:
+            self.__dict__.pop("channel").close()
 
 
 def start_server(model_config_file: str, models: Sequence[str], log_path: str,
@@ -132,11 +188,11 @@ def start_server(model_config_file: str, models: Sequence[str], log_path: str,
     flags = [f"--model_config_file={model_config_file}"]
     if batching_parameters_file:
         flags += ["--enable_batching=true", f"--batching_parameters_file={batching_parameters_file}"]
-    server = launch([*flags, *extra_flags], log_path)
+    server = ServerProcess([*flags, *extra_flags], log_path)
     try:
-        wait_until_available(server, models, ready_timeout_s)
+        server.wait_until_available(models, ready_timeout_s)
     except BaseException:
-        server.stop()
+        server.terminate()
         raise
     return server
 
@@ -147,23 +203,7 @@ def running_server(model_config_file: str, models: Sequence[str], log_path: str,
     try:
         yield server
     finally:
-        server.stop()
-
-
-def batch_size_totals(rest_target: str, prometheus_path: str, model: str) -> tuple[float, float]:
-    """(rows, executed batches) of `model` so far, from the server's Prometheus `bertserve_batch_size` histogram."""
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = requests.get(f"http://{rest_target}{prometheus_path}", timeout=30).text
-    totals = {"sum": 0.0, "count": 0.0}
-    for family in text_string_to_metric_families(text):
-        if family.name == "bertserve_batch_size":
-            for sample in family.samples:
-                kind = sample.name.rsplit("_", 1)[-1]
-                if kind in totals and sample.labels.get("model_name") == model:
-                    totals[kind] += sample.value
-    return totals["sum"], totals["count"]
+        server.terminate()
 
 
 def write_model_config(path: str, models: dict[str, str]) -> str:

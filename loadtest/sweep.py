@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from bertserve.client.loadgen import RunStats, open_loop
+from bertserve.loadtest.loadgen import RunStats, open_loop
 from bertserve.client.transport import AsyncGrpcTransport
 
 

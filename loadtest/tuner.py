@@ -11,11 +11,11 @@ from typing import Sequence
 
 from google.protobuf import text_format
 
-from bertserve.client.loadgen import RequestShape, RunStats, build_requests, warm_up
+from bertserve.loadtest.loadgen import RequestShape, RunStats, build_requests, warm_up
 from bertserve.client.protocol import ModelSpec
-from bertserve.client.report import machine_label
-from bertserve.client.server_process import running_server
-from bertserve.client.sweep import SweepConfig, best_within_slo, sweep
+from bertserve.loadtest.report import machine_label
+from bertserve.loadtest.server_process import running_server
+from bertserve.loadtest.sweep import SweepConfig, best_within_slo, sweep
 from bertserve.client.transport import AsyncGrpcTransport
 from bertserve.server.batching_parameters_pb2 import BatchingParameters
 

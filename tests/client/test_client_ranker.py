@@ -10,7 +10,7 @@ import pytest
 from bertserve.client.errors import ServingError
 from bertserve.client.ranker import AsyncRankerClient, ClientOptions, RankerClient
 from bertserve.client.retry import RetryPolicy
-from bertserve.client.server_process import free_port
+from bertserve.loadtest.server_process import free_port
 from bertserve.client.transport import GrpcTransport
 from bertserve.train.recipe import MODEL_NAME as MODEL
 

@@ -1,5 +1,4 @@
-"""`bertserve rank`, `bertserve loadtest`, `bertserve tune-batching` and the held-out ranking metric, run against
-the session's real server."""
+"""`bertserve loadtest` and `bertserve tune-batching`, run against the session's real server."""
 
 from __future__ import annotations
 
@@ -8,57 +7,11 @@ import json
 import numpy as np
 from google.protobuf import text_format
 
-from bertserve.client.cli import loadtest_main, rank_main, tune_main
-from bertserve.client.ranker import RankerClient
-from bertserve.client.tuner import BatchingCandidate
+from bertserve.loadtest.cli import loadtest_main, tune_main
+from bertserve.loadtest.tuner import BatchingCandidate
 from bertserve.server.batching_parameters_pb2 import BatchingParameters
 from bertserve.train import pairs
 from bertserve.train.recipe import MODEL_NAME as MODEL
-
-
-def test_heldout_ranking_beats_chance(served_ranker):
-    with RankerClient(served_ranker.server.target, MODEL, served_ranker.tokenizer) as client:
-        metrics = pairs.heldout_metrics(client.score_pairs)
-    assert metrics.queries == 44
-    assert abs(metrics.chance_accuracy_at_1 - 0.1) < 1e-9
-    # Chance gets >= 0.3 accuracy@1 on 44 queries with probability < 1e-3 (binomial, p = 0.1).
-    assert metrics.accuracy_at_1 >= 0.3, metrics
-    assert metrics.mrr >= metrics.chance_mrr + 0.2, metrics
-
-
-def test_rank_cli_prints_a_ranked_table(served_ranker, capsys):
-    rc = rank_main(["--target", served_ranker.server.target, "--model", MODEL, "--model_dir",
-                    served_ranker.version_dir, "tell me a joke", "Why did the scarecrow win an award?",
-                    "Your password must have eight characters.", "Take the second left."])
-    out = capsys.readouterr().out
-    assert rc == 0
-    lines = out.splitlines()
-    assert lines[0] == "query: tell me a joke"
-    rows = [line.split(None, 2) for line in lines[2:5]]
-    assert [int(r[0]) for r in rows] == [1, 2, 3]
-    scores = [float(r[1]) for r in rows]
-    assert scores == sorted(scores, reverse=True)
-
-
-def test_rank_cli_reads_a_file_and_uses_rest(served_ranker, tmp_path, capsys):
-    path = tmp_path / "queries.json"
-    path.write_text(json.dumps([{"query": q, "replies": r} for q, r in pairs.read_examples()[:2]]))
-    rc = rank_main(["--target", served_ranker.server.rest_target, "--rest", "--model", MODEL, "--model_dir",
-                    served_ranker.version_dir, "--file", str(path)])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert out.count("query: ") == 2
-
-
-def test_rank_cli_reports_errors_with_codes(served_ranker, capsys):
-    rc = rank_main(["--target", served_ranker.server.target, "--model", "no_such_model", "--model_dir",
-                    served_ranker.version_dir, "q", "r"])
-    assert rc == 1
-    assert "NOT_FOUND" in capsys.readouterr().err
-    assert rank_main(["--target", served_ranker.server.target, "--model", MODEL, "q", "r"]) == 2
-    assert "--model_dir" in capsys.readouterr().err
-    assert rank_main(["--target", served_ranker.server.target, "--model", MODEL, "--model_dir",
-                      served_ranker.version_dir, "only a query"]) == 2
 
 
 def _runs(out_dir) -> dict:

@@ -1,19 +1,15 @@
 """A real `bertserve serve` process on free ports, for the server tests (imported by conftest and test modules;
-a uniquely named module, since every test folder has a conftest). Launching and waiting are the client's
-(bertserve.client.server_process); this adds the stubs the tests call."""
+a uniquely named module, since every test folder has a conftest). Launching, waiting, the stubs and
+stopping are bertserve.loadtest.server_process's; this starts it the tests' way."""
 
 from __future__ import annotations
 
 import os
 import re
-import signal
+import resource
 import tempfile
 
-import grpc
-import requests
-from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
-
-from bertserve.client.server_process import launch
+from bertserve.loadtest import server_process
 from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH as METRICS_PATH
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,48 +26,18 @@ def metric_total(text: str, name: str, **labels: str) -> float:
     return total
 
 
-class ServerProcess:
-    """`bertserve serve ...` in a subprocess, reached only through gRPC stubs and HTTP."""
+class ServerProcess(server_process.ServerProcess):
+    """The one `bertserve serve` launcher (bertserve.loadtest.server_process), started the tests' way: its log in
+    the test's temporary folder, TensorFlow's C++ logging quiet, optionally under an address-space limit."""
 
-    def __init__(self, *flags: str, log_dir: str, env: dict[str, str] | None = None):
-        """log_dir: a test's temporary folder (pytest keeps those of its last three runs, then removes them)."""
+    def __init__(self, *flags: str, log_dir: str, env: dict[str, str] | None = None,
+                 address_space_limit: int | None = None):
+        """log_dir: a test's temporary folder (pytest keeps those of its last three runs, then removes them).
+        address_space_limit: RLIMIT_AS in bytes, set as the process starts, so that a request that makes the
+        server allocate gigabytes fails (MemoryError, a crash) instead of exhausting the machine."""
         handle, log_path = tempfile.mkstemp(prefix="serve-", suffix=".log", dir=log_dir)
         os.close(handle)
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", **(env or {}))
-        self.server = launch(flags, log_path, env)
-        self.proc = self.server.process
-        self.channel = grpc.insecure_channel(self.server.target)
-        self.predict = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
-        self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
-        self.rest = f"http://{self.server.rest_target}"
-
-    @property
-    def rest_address(self) -> tuple[str, int]:
-        """(host, port) of the REST front end, for tests that speak HTTP on a socket of their own."""
-        return "localhost", self.server.rest_port
-
-    def metrics_text(self) -> str:
-        """The Prometheus exposition text at METRICS_PATH (the tests' monitoring config enables it there)."""
-        return requests.get(self.rest + METRICS_PATH, timeout=30).text
-
-    def log(self) -> str:
-        with open(self.server.log_path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-
-    def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
-        self.server.wait_serving(timeout)
-        return self
-
-    def terminate(self, timeout: float = 90.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.channel.close()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.channel.close()
+        super().__init__(flags, log_path, env)
+        if address_space_limit is not None:
+            resource.prlimit(self.proc.pid, resource.RLIMIT_AS, (address_space_limit, address_space_limit))
