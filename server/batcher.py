@@ -5,8 +5,10 @@ as TF Serving keeps one per servable signature). A queue holds batches in arriva
 A request joins the open batch if it has room, else opens a new batch, and is refused UNAVAILABLE when that
 would exceed `max_enqueued_batches`. A batch runs when a thread is free and it is full, closed by a newer batch,
 or its first request has waited `batch_timeout_micros`. Requests whose deadline passed while queued are answered
-DEADLINE_EXCEEDED and left out. Every request was validated before it got here, so a batch never fails because
-of one bad request. With pad_variable_length_inputs off, a request whose trailing shapes (sequence length) differ
+DEADLINE_EXCEEDED and left out. Every request was validated before it got here as far as the server can check
+(the fused op's rules for token inputs), and a batch that fails anyway, on data only the graph checks (a
+tf.Example its model cannot parse), runs its requests again one by one: a batch never fails because of one bad
+request. With pad_variable_length_inputs off, a request whose trailing shapes (sequence length) differ
 from the open batch it would join is answered FAILED_PRECONDITION with TF Serving's message, as TF Serving fails
 such a merged batch; here only the newcomer fails and the batch runs for the others. A request that opens a
 batch of its own (empty queue, or no room left in the open batch) runs whatever its shape, since TF Serving only
@@ -299,8 +301,10 @@ class BatchingQueue:
                 task.finish(error=deadline_exceeded("Request deadline passed while waiting in the batching queue"))
             else:
                 live.append(task)
-        if not live:
-            return
+        if live:
+            self._run_tasks(live)
+
+    def _run_tasks(self, live: list[Task]) -> None:
         rows = sum(task.size for task in live)
         padded_rows = self._padded_size(rows)
         try:
@@ -314,9 +318,17 @@ class BatchingQueue:
                         f"equal the batch size {padded_rows}")
         except Exception as exc:  # noqa: BLE001 - a failed batch answers each of its requests, never crashes
             error = from_exception(exc)
+            if len(live) > 1:
+                # The data of one request can fail the whole batch where nothing could check it beforehand (a
+                # tf.Example its model cannot parse, a value only the graph refuses): each runs again alone, so
+                # only the one at fault fails.
+                log.warning("batch of %d rows for %s/%s failed (%s); its %d requests run one by one", rows,
+                            self.model, self.signature, error, len(live))
+                for task in live:
+                    self._run_tasks([task])
+                return
             log.error("batch of %d rows for %s/%s failed: %s", rows, self.model, self.signature, error)
-            for task in live:
-                task.finish(error=error)
+            live[0].finish(error=error)
             return
         self._observer.batch_done(self.model, self.signature, rows, padded_rows)
         offset = 0
