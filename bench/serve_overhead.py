@@ -226,7 +226,7 @@ def batcher_choice(base: str, quick: bool) -> dict:
     metrics = ServerMetrics(32)
     scheduler = BatchScheduler(1, "bench")
     queue = scheduler.add_queue(options, signature.run, signature.tensor_names, "tiny", "serving_default", metrics)
-    python_rps = drive(lambda: wait_for(queue.submit(one_row, 1, None), None))
+    python_rps = drive(lambda: wait_for(queue, one_row, 1, None))
     scheduler.stop()
     samples = {sample.name: sample.value for family in metrics.registry.collect() for sample in family.samples
                if sample.name in ("bertserve_batch_size_sum", "bertserve_batch_size_count")}
