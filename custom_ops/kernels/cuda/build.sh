@@ -8,6 +8,7 @@
 #   CUTLASS_HOME  folder with include/cutlass (default: PyPI's nvidia-cutlass wheel, cutlass_library/source)
 #   CUDA_ARCH     nvcc -gencode value (default arch=compute_90a,code=sm_90a: Hopper)
 #   PYTHON        a Python with tensorflow, for its compile and link flags (--tf only; default python3)
+#   BUILD_JOBS    compiles at once (default: all); each CUTLASS file takes up to ~10 GB of memory while it compiles
 # The CUDA runtime is linked statically (-cudart static): TensorFlow 2.21 is a CUDA 12.5 build and loads its own
 # runtime; ours (CUDA 13, driver R580+) only ever uses the stream TensorFlow hands the kernels.
 set -euo pipefail
@@ -31,8 +32,9 @@ cutlass_flags=(-DNDEBUG -DCUTLASS_ENABLE_GDC_FOR_SM90 -DCUTE_SM90_EXTENDED_MMA_S
   --expt-relaxed-constexpr
   -diag-suppress 2908 -I"$cutlass/include" -I"$cutlass/tools/util/include")
 mkdir -p "$out"
-# Compiles in parallel; waiting on each job by id makes a failed compile fail the script.
-pids=()
+# Compiles in parallel, at most BUILD_JOBS at once; with set -e a failed compile fails the script at its wait.
+jobs_max=${BUILD_JOBS:-0}
+running=0
 core_objs=()
 # Sources relative to this folder; the C ABI last (it is not part of _bert_ops_gpu.so).
 for src in gemm/cutlass_gemm_gelu gemm/cutlass_gemm_plain gemm/cutlass_gemm_partials gemm/gemm_gelu gemm/gemm_ksplit \
@@ -40,13 +42,14 @@ for src in gemm/cutlass_gemm_gelu gemm/cutlass_gemm_plain gemm/cutlass_gemm_part
     ../../c_api/ranker_c_api; do
   [[ $src == *.cc ]] || src=$src.cu
   obj="$out/$(basename "${src%.*}").o"
+  if (( jobs_max > 0 && running >= jobs_max )); then wait -n; running=$((running - 1)); fi
   "$cuda/bin/nvcc" -std=c++20 -O3 -gencode "$arch" -Xcompiler -fPIC,-fvisibility=hidden -Xptxas -warn-spills \
     "${cutlass_flags[@]}" \
     -I"$root" -I"$cublas/include" -c "$here/$src" -o "$obj" &
-  pids+=($!)
+  running=$((running + 1))
   [[ $src == */ranker_c_api.cu ]] || core_objs+=("$obj")
 done
-for pid in "${pids[@]}"; do wait "$pid"; done
+while (( running > 0 )); do wait -n; running=$((running - 1)); done
 cublaslt=$(ls "$cublas"/lib*/libcublasLt.so* | head -1)
 "$cuda/bin/nvcc" -shared -cudart static -o "$out/libbertserve_cuda.so" "${core_objs[@]}" "$out/ranker_c_api.o" \
   -L"$(dirname "$cublaslt")" -l:"$(basename "$cublaslt")" -Xlinker -rpath -Xlinker "$(dirname "$cublaslt")"
