@@ -38,7 +38,9 @@ from bertserve.server.inference import rest_classify, rest_regress
 from bertserve.server.tensors import is_b64_value, json_to_ndarray, json_value
 
 log = logging.getLogger("bertserve.server")
-MAX_BODY_BYTES = 256 << 20
+# JSON parses to several times its size: with --rest_api_num_threads slots at once, this bounds REST's memory.
+# A 1,000-pair ranking request at 128 tokens is a few MB of JSON.
+MAX_BODY_BYTES = 64 << 20
 # A kept-alive connection idle this long is closed, so abandoned connections do not hold resources.
 KEEP_ALIVE_IDLE_SECONDS = 60.0
 # After refusing a body it did not read, the server drains it this long before closing, so the client reads the

@@ -43,6 +43,15 @@ def models_dir(tmp_path_factory) -> str:
     return root
 
 
+@pytest.fixture(scope="module")
+def tiny_server(models_dir, tmp_path_factory):
+    """A plain server of the tiny ranker (no batching) for one test module."""
+    process = ServerProcess("--model_name=tiny", f"--model_base_path={models_dir}/tiny",
+                            log_dir=str(tmp_path_factory.mktemp("tiny_server"))).wait_ready()
+    yield process
+    process.kill()
+
+
 @pytest.fixture(scope="session")
 def tf_serving_models(tmp_path_factory) -> str:
     """half_plus_two (TF1: versions 00000123 with a warmup record of each kind, and 00000124 with b=3),
