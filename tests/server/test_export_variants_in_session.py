@@ -10,8 +10,9 @@ import pytest
 import tensorflow as tf
 
 from bertserve.export.graph import build_ranker_module
-from bertserve.export.saved import TokenizerSettings, warmup_inputs, write_version
+from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import BertConfig, BertWeights
+from bertserve.model_dir import TokenizerSettings
 from bertserve.server.servable import LoadedVersion
 from bertserve.server.warmup import replay_warmup
 

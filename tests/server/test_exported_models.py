@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bertserve.client.server_process import write_model_config
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import BertConfig, BertWeights
+from bertserve.loadtest.server_process import write_model_config
 from bertserve.model_dir import TokenizerSettings
 from tiny_models import predict_request, tensor
 
