@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
                                      model_pb2)
 
+from bertserve.server.metrics import UNKNOWN_MODEL_LABEL
 from serving_harness import METRICS_PATH, ServerProcess, metric_total
 from tiny_models import VOCAB, direct_scores, predict_request, tensor, token_inputs
 
@@ -268,7 +269,7 @@ def test_metrics_keep_tf_serving_names(server):
                  timeout=30) == grpc.StatusCode.NOT_FOUND
     text = server.metrics_text()
     assert "# TYPE :tensorflow:serving:request_count counter" in text
-    for labels in ({"model_name": "tiny", "status": "OK"}, {"model_name": "missing", "status": "NOT_FOUND"}):
+    for labels in ({"model_name": "tiny", "status": "OK"}, {"model_name": UNKNOWN_MODEL_LABEL, "status": "NOT_FOUND"}):
         added = (metric_total(text, ":tensorflow:serving:request_count", **labels)
                  - metric_total(before, ":tensorflow:serving:request_count", **labels))
         assert added == 1, labels

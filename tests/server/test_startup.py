@@ -18,7 +18,7 @@ from serving_harness import REPO_ROOT
 from tiny_models import predict_request, token_inputs
 
 
-def _serve(*flags: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def _serve(*flags: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """`bertserve serve` expected to exit by itself, before it listens; its exit code and log."""
     return subprocess.run([sys.executable, "-m", "bertserve.cli", "serve", *flags], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout,
