@@ -3,12 +3,10 @@ input answers InvalidArgument naming the input, with no crash and the model stil
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 import tensorflow as tf
-from tf_gpu_testing import VARIANTS, carried, max_abs, needs_device
+from tf_gpu_testing import VARIANTS, carried, max_abs, needs_device, op_message
 
 pytestmark = needs_device
 
@@ -80,7 +78,7 @@ def test_bad_input_answers_invalid_argument_naming_it(tf_served, tf_pool, varian
     for name, (bad, message) in bad_inputs(inputs, served.config).items():
         with pytest.raises(tf.errors.InvalidArgumentError, match=message) as raised:
             served.scores(bad)
-        answers[name] = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", raised.value.message.splitlines()[0])[:160]
+        answers[name] = op_message(raised.value)[:160]
     for name, answer in answers.items():
         print(f"{served.model} {served.precision} {name}: InvalidArgument: {answer}")
     after = served.scores(inputs)

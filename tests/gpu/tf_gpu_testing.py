@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import functools
 import os
+import re
 import threading
 
 import numpy as np
@@ -122,6 +123,11 @@ def load_saved_model(path: str):
     custom_ops.load_op_library()
     with tf.device(device_name()):
         return tf.saved_model.load(path)
+
+
+def op_message(error) -> str:
+    """The first line of a tf.errors.OpError's message without TensorFlow's function-node prefix."""
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", error.message.splitlines()[0])
 
 
 def max_abs(a: np.ndarray, b: np.ndarray) -> float:
