@@ -6,7 +6,8 @@
 #   memcheck_tf.log          compute-sanitizer's full report and the script's output
 #   memcheck_tf_summary.txt  its ERROR SUMMARY line and the script's last line
 # Usage: gpu_rig/run_tf_tests.sh [tests|memcheck|all (default)] [pytest arguments...]
-#   e.g. gpu_rig/run_tf_tests.sh tests -k "accuracy or inputs" (a device call runs at most 10 minutes)
+#   A device call runs at most 10 minutes and each stage is timed out within that, so run the stages in two calls:
+#   `gpu_rig/run_tf_tests.sh tests`, then `gpu_rig/run_tf_tests.sh memcheck` (or a selection: tests -k accuracy).
 set -uo pipefail
 stage=${1:-all}
 shift || true
@@ -14,14 +15,17 @@ out=${OUT:-tf_gpu_out}
 mkdir -p "$out"
 status=0
 if [[ $stage == tests || $stage == all ]]; then
-  python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_tf_gpu_*.py "$@" 2>&1 | tee "$out/tf_gpu_tests.log"
+  timeout "${TESTS_TIMEOUT:-560}" python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_tf_gpu_*.py "$@" 2>&1 |
+    tee "$out/tf_gpu_tests.log"
   status=${PIPESTATUS[0]}
 fi
 if [[ $stage == memcheck || $stage == all ]]; then
   # TF_GPU_ALLOCATOR=cuda_malloc: every TensorFlow allocation its own cuMemAlloc (the encoder's arena included), so
   # memcheck sees each buffer's bounds instead of one region of TensorFlow's BFC allocator.
-  TF_GPU_ALLOCATOR=cuda_malloc "${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}" --tool memcheck \
-    --leak-check no --log-file "$out/memcheck_tf.sanitizer.log" \
+  # The timeout leaves a device call (10 minutes at most) time to bring the log back.
+  TF_GPU_ALLOCATOR=cuda_malloc timeout "${MEMCHECK_TIMEOUT:-540}" \
+    "${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}" --tool memcheck \
+    --leak-check no --error-exitcode 9 --log-file "$out/memcheck_tf.sanitizer.log" \
     python3 tests/gpu/memcheck_tf.py >"$out/memcheck_tf.log" 2>&1
   memcheck_status=$?
   cat "$out/memcheck_tf.sanitizer.log" >>"$out/memcheck_tf.log"

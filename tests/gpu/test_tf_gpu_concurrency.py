@@ -87,7 +87,7 @@ def test_random_shapes_level_off_in_memory_and_graphs(tf_served, tf_pool):
 
 @gpu_only
 def test_load_unload_cycles_return_memory_to_baseline(tf_served, tf_pool):
-    path = tf_served("chitchat", "fp16").path
+    path = tf_served("minilm", "fp16").path  # the smaller model: 20 loads fit a device call
     pool_size = len(tf_pool["input_ids"])
     batches = [carried.take(tf_pool, carried.batch_rows(pool_size, b)) for b in (1, 33, 512)]
     gc.collect()
