@@ -19,7 +19,7 @@ Before each configuration the bench waits for the shared CPUs to go idle (record
 and measures a configuration again when other processes took more than 5 % of the CPUs during it (the least
 disturbed of up to 3 attempts is kept; its others_cpu_share is recorded).
 
-    python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--idle-wait 600]
+    python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--attempts 3] [--idle-wait 600]
                                 [--out bench/results/cpu_encoder_<vendor>.json]
 
 The result is named by the CPU's vendor (amd, intel), so that each vendor's machine keeps its own.
@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32,128")
     parser.add_argument("--seconds", type=float, default=4.0, help="minimum timed seconds per engine and config")
+    parser.add_argument("--attempts", type=int, default=MAX_ATTEMPTS,
+                        help="most measurements of a configuration disturbed by other processes")
     parser.add_argument("--idle-wait", type=float, default=IDLE_WAIT_SECONDS,
                         help="most seconds to wait for idle CPUs before each configuration")
     parser.add_argument("--out", help="default: bench/results/cpu_encoder_<vendor>.json")
@@ -281,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                 scores = {name: run(*inputs) for name, run in alone.items()}
                 agreement = max(float(np.abs(scores[n] - scores["stock_tf"]).max()) for n in scores)
                 attempts = []
-                for _ in range(MAX_ATTEMPTS):
+                for _ in range(args.attempts):
                     before = wait_for_idle_cpus(args.idle_wait)
                     timings, share = others_cpu_share(lambda: {
                         "alone": summarize(time_alone(alone, inputs, args.seconds), batch),
