@@ -327,22 +327,6 @@ class BertGatherFirstTokenOp : public OpKernel {
   }
 };
 
-template <typename T>
-class BertRankerHeadOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-
-  void Compute(OpKernelContext* ctx) override {
-    RankerHeadWeights<CoreType<T>> weights;
-    Tensor* scores = nullptr;
-    OP_REQUIRES_OK(ctx, ReadRankerHeadInputs<T>(ctx, &weights, &scores));
-    OP_REQUIRES_OK(ctx, RunCore("BertRankerHead", [&] {
-      cpu::RankerHead(weights, CoreData<T>(ctx->input(0)), scores->dim_size(0), scores->flat<float>().data(),
-                      IntraOpPool(ctx));
-    }));
-  }
-};
-
 #define BERTSERVE_REGISTER_CPU(T)                                                                                   \
   REGISTER_KERNEL_BUILDER(Name("BertEmbedding").Device(DEVICE_CPU).TypeConstraint<T>("T"), BertEmbeddingOp<T>);     \
   REGISTER_KERNEL_BUILDER(Name("BertEncoder").Device(DEVICE_CPU).TypeConstraint<T>("T"), BertEncoderOp<T>);         \
@@ -351,8 +335,7 @@ class BertRankerHeadOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("BertRebuildPadding").Device(DEVICE_CPU).TypeConstraint<T>("T"),                     \
                           BertRebuildPaddingOp<T>);                                                                 \
   REGISTER_KERNEL_BUILDER(Name("BertGatherFirstToken").Device(DEVICE_CPU).TypeConstraint<T>("T"),                   \
-                          BertGatherFirstTokenOp<T>);                                                               \
-  REGISTER_KERNEL_BUILDER(Name("BertRankerHead").Device(DEVICE_CPU).TypeConstraint<T>("T"), BertRankerHeadOp<T>);
+                          BertGatherFirstTokenOp<T>);
 BERTSERVE_REGISTER_CPU(float)
 BERTSERVE_REGISTER_CPU(Eigen::half)
 #undef BERTSERVE_REGISTER_CPU
