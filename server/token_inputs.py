@@ -7,8 +7,8 @@ are implemented once, in C++ (custom_ops/tf/bert_op_inputs.cc, CheckTokenInputs)
 function through its C entry point in the op library, with the limits of the model version it serves, so it
 refuses exactly what the op would, with the op's message, before the request can share a batch.
 
-The limits come from the SavedModel: the export's JSON in assets.extra, else the embedding tables' shapes in
-its variables (the fused op's weight inputs), read through tf.io.gfile so any base path URI works.
+The limits come from the SavedModel: the embedding tables' shapes in its variables (the fused op's weight
+inputs), else the export's JSON in assets.extra, read through tf.io.gfile so any base path URI works.
 """
 
 from __future__ import annotations
@@ -41,8 +41,15 @@ class TokenLimits:
 
     @classmethod
     def from_saved_model(cls, path: str) -> "TokenLimits":
-        """Prefers the export's JSON in assets.extra, then the embedding variables' shapes."""
+        """The embedding tables' rows from the variables' shapes (what the op indexes), else the export's JSON in
+        assets.extra."""
         found: dict[str, int] = {}
+        variables = _variable_shapes(path)
+        for key, leaf in (("vocab_size", "word_embeddings"), ("type_vocab_size", "token_type_embeddings"),
+                          ("max_position_embeddings", "position_embeddings")):
+            shape = next((s for n, s in variables.items() if _leaf_name(n) == leaf and len(s) == 2), None)
+            if shape is not None:
+                found[key] = int(shape[0])
         for json_path in sorted(tf.io.gfile.glob(f"{path.rstrip('/')}/{ASSETS_EXTRA}/*.json")):
             try:
                 with tf.io.gfile.GFile(json_path, "r") as handle:
@@ -53,13 +60,6 @@ class TokenLimits:
                 for key in ("vocab_size", "type_vocab_size", "max_position_embeddings"):
                     if isinstance(data.get(key), int) and key not in found:
                         found[key] = data[key]
-        variables = _variable_shapes(path)
-        for key, leaf in (("vocab_size", "word_embeddings"), ("type_vocab_size", "token_type_embeddings"),
-                          ("max_position_embeddings", "position_embeddings")):
-            if key not in found:
-                shape = next((s for n, s in variables.items() if _leaf_name(n) == leaf and len(s) == 2), None)
-                if shape is not None:
-                    found[key] = int(shape[0])
         return cls(found.get("vocab_size"), found.get("type_vocab_size"), found.get("max_position_embeddings"))
 
     def describe(self) -> str:
