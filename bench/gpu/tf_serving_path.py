@@ -3,8 +3,8 @@
 What users deploy is a SavedModel: TF Serving loads it into a `tf.compat.v1.Session` over the MetaGraph and runs the
 signature's tensor names with host tensors in and out. This script exports the chit-chat ranker (random weights
 from a seed) as fused fp16, fused fp32 and stock fp16 SavedModels and times, host numpy in and out:
-- `session`: tf.compat.v1.saved_model.loader.load + Session.make_callable on the signature's tensor names (the
-  session path; `session_run` is Session.run with a feed dict, for the Python cost of that form);
+- `session`: tf.compat.v1.saved_model.loader.load + Session::MakeCallable on the signature's tensor names (the
+  session path, as server/servable.py's SessionBundle holds it; `session_run` is Session.run with a feed dict);
 - `server`: what `bertserve serve` runs per batch (server/servable.py: the token checks, then the same callable);
 - `tf2`: tf.saved_model.load + the `serving_default` concrete function;
 - `core`: the CUDA core's graph replay through the harness's C ABI (bench/gpu/core.py), device time only, on the same
@@ -80,21 +80,21 @@ def timed(fn: Callable[[], object], calls: int, budget_s: float | None) -> dict:
 
 
 class SessionPath:
-    """The SavedModel as TF Serving's session-based loader holds it."""
+    """The SavedModel as TF Serving's session-based loader holds it: the server's SessionBundle (one Session over
+    the MetaGraph) and a Session::MakeCallable callable on the signature's tensor names."""
 
     def __init__(self, path: str):
-        self.graph = tf.Graph()
-        config = tf.compat.v1.ConfigProto()
-        config.gpu_options.allow_growth = True
-        self.session = tf.compat.v1.Session(graph=self.graph, config=config)
-        meta = tf.compat.v1.saved_model.loader.load(self.session, ["serve"], path)
-        signature = meta.signature_def[SIGNATURE_NAME]
+        from bertserve.server.servable import SessionBundle
+
+        self.bundle = SessionBundle(path, {"serve"})
+        self.session = self.bundle.session
+        signature = self.bundle.meta_graph.signature_def[SIGNATURE_NAME]
         self.feeds = [signature.inputs[name].name for name in INPUT_NAMES]
         self.fetch = signature.outputs[OUTPUT_NAME].name
-        self.callable = self.session.make_callable(self.fetch, feed_list=self.feeds)
+        self.callable = self.bundle.make_callable(self.feeds, [self.fetch])
 
     def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.callable(*(inputs[name] for name in INPUT_NAMES))
+        return self.callable(*(inputs[name] for name in INPUT_NAMES))[0]
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.session.run(self.fetch, {feed: inputs[name] for feed, name in zip(self.feeds, INPUT_NAMES)})
@@ -118,7 +118,7 @@ class SessionPath:
         return per_device
 
     def close(self) -> None:
-        self.session.close()
+        self.bundle.close()
 
 
 class ServerPath:
