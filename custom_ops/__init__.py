@@ -28,6 +28,9 @@ ENCODER_WEIGHT_NAMES = (
     "output_kernel", "output_bias", "output_ln_gamma", "output_ln_beta",
 )
 
+# BertRankerHead's weight inputs after first_tokens, in input order.
+RANKER_HEAD_WEIGHT_NAMES = ("pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias")
+
 
 def library_path() -> str:
     """The op library this process loads: $BERTSERVE_OPS_LIBRARY if set, else the one built next to this file."""
@@ -92,3 +95,28 @@ def bert_rebuild_padding(input, input_mask):  # noqa: A002
 def bert_gather_first_token(input, cu_seqlens):  # noqa: A002
     """First real token of each row -> [B, H]; zeros for a row with no real token."""
     return load_op_library().bert_gather_first_token(input=input, cu_seqlens=cu_seqlens)
+
+
+def bert_ranker_head(first_tokens, *, pooler_kernel, pooler_bias, classifier_kernel, classifier_bias):
+    """Pooler + classifier on first tokens [B, H], in float -> scores float32 [B]: sigmoid of a 1-label head, the
+    softmax probability of label 1 for a 2-label head (stock.logits_to_scores of stock.head_logits)."""
+    inputs = {"first_tokens": first_tokens, "pooler_kernel": pooler_kernel, "pooler_bias": pooler_bias,
+              "classifier_kernel": classifier_kernel, "classifier_bias": classifier_bias}
+    _check_one_type("BertRankerHead", inputs)
+    return load_op_library().bert_ranker_head(**inputs)
+
+
+def _check_one_type(op: str, inputs: dict) -> None:
+    """Raises InvalidArgumentError naming the first input whose dtype differs from the first one's: the op's inputs
+    share one type T, and TensorFlow's own eager error names an input by its index alone."""
+    import tensorflow as tf
+
+    typed = {name: tf.as_dtype(value.dtype) for name, value in inputs.items() if hasattr(value, "dtype")}
+    if not typed:
+        return
+    (first_name, expected), *rest = typed.items()
+    for name, dtype in rest:
+        if dtype != expected:
+            raise tf.errors.InvalidArgumentError(
+                None, None, f"{op}: {name} is {dtype.name} but {first_name} is {expected.name}; all of them must be "
+                            f"one type T (float32 or float16)")

@@ -4,9 +4,10 @@
 
 Variants (every one has that same signature, so a client never knows which it hit):
 - fused fp32 / fp16: bertserve.custom_ops (BertEmbedding -> BertEncoder with first_token_only, padding-free: the
-  last layer runs past its QKV GEMM on the [CLS] tokens alone, all that the pooler reads); the pooler and
-  classifier are stock ops computed in fp32. fp16 stores every weight as half (the model is half the size on
-  disk) and runs the ops' half kernels.
+  last layer runs past its QKV GEMM on the [CLS] tokens alone, all that the pooler reads) -> BertRankerHead
+  (pooler and classifier in one op, computed in fp32: the CUDA core's fused head on GPU). fp16 stores every
+  weight as half (the model is half the size on disk) and runs the ops' half kernels. SavedModels exported
+  before BertRankerHead ran the head as stock ops; they load and serve unchanged.
 - stock fp32: standard TF ops only (stock.py); padding handled by masking.
 - stock fp16: the stock fp32 graph rewritten by the FP16 conversion pass (fp16.py); weights stored half except
   the few the pass keeps in fp32.
@@ -67,11 +68,8 @@ def _fused_serve(weights: BertWeights, first_token_only: bool) -> Callable:
         encoded = ops.bert_encoder(hidden, cu_seqlens, **{name: w[name] for name in encoder_inputs},
                                    num_heads=config.num_attention_heads, layer_norm_epsilon=config.layer_norm_eps,
                                    first_token_only=first_token_only)
-        first = tf.cast(encoded if first_token_only else ops.bert_gather_first_token(encoded, cu_seqlens),
-                        tf.float32)
-        head = {name: tf.cast(w[name], tf.float32)
-                for name in ("pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias")}
-        return stock.logits_to_scores(stock.head_logits(head, first))
+        first = encoded if first_token_only else ops.bert_gather_first_token(encoded, cu_seqlens)
+        return ops.bert_ranker_head(first, **{name: w[name] for name in ops.RANKER_HEAD_WEIGHT_NAMES})
 
     return serve
 

@@ -57,6 +57,19 @@ struct EmbeddingWeights {
   float layer_norm_epsilon = 1e-12f;
 };
 
+// Non-owning pointers to a ranker's pooler and classifier (TF [in, out] kernels): scores = sigmoid of the one
+// logit of tanh(first @ pooler_kernel + pooler_bias) @ classifier_kernel + classifier_bias, or with two labels the
+// softmax probability of label 1 (the `scores` contract). Both backends compute it in float.
+template <typename T>
+struct RankerHeadWeights {
+  const T* pooler_kernel = nullptr;      // [H, H]
+  const T* pooler_bias = nullptr;        // [H]
+  const T* classifier_kernel = nullptr;  // [H, num_labels]
+  const T* classifier_bias = nullptr;    // [num_labels]
+  int64_t hidden = 0;
+  int64_t num_labels = 0;  // 1 or 2
+};
+
 // A packed batch: row b owns tokens [cu_seqlens[b], cu_seqlens[b+1]). The host copy is always valid (the token
 // count and launch shapes are decided on the host, so a forward pass never synchronises with the device).
 struct PackedBatch {
@@ -142,6 +155,12 @@ void RebuildPadding(const T* packed, int64_t seq, int64_t hidden, const PackedBa
 template <typename T>
 void GatherFirstToken(const T* packed, int64_t hidden, const PackedBatch& batch, T* first);
 
+// Ranker scores [batch] from first tokens [batch, H] (RankerHeadWeights); fp16 weights and tokens are widened, so
+// the pooler's output reaches the classifier unrounded. Throws std::bad_alloc when its scratch cannot be had.
+template <typename T>
+void RankerHead(const RankerHeadWeights<T>& w, const T* first_tokens, int64_t batch, float* scores,
+                const ThreadPool& pool);
+
 }  // namespace cpu
 
 namespace cuda {
@@ -204,6 +223,19 @@ void RebuildPadding(const T* packed, int64_t seq, int64_t hidden, const PackedBa
 
 template <typename T>
 void GatherFirstToken(const T* packed, int64_t hidden, const PackedBatch& batch, T* first, void* stream);
+
+// Bytes of device scratch RankerHead needs for `batch` rows (256-byte aligned, as cudaMalloc's): none where the
+// one-kernel pooler + head runs (fp16 at batch 1, PoolerHeadSupports in kernels/cuda/kernels.h), else a cuBLASLt
+// workspace and the pooler GEMM's fp32 output.
+template <typename T>
+int64_t RankerHeadWorkspaceBytes(int64_t batch, int64_t hidden, int64_t num_labels);
+
+// Ranker scores [batch] (float, device) from first tokens [batch, H]: LaunchPoolerHead where it applies, else the
+// pooler GEMM (fp32 accumulation and output, so tanh and the classifier see it unrounded) and LaunchRankerHead.
+// workspace holds RankerHeadWorkspaceBytes.
+template <typename T>
+void RankerHead(const RankerHeadWeights<T>& w, const T* first_tokens, int64_t batch, void* workspace, float* scores,
+                GemmContext* gemm, void* stream);
 
 }  // namespace cuda
 }  // namespace bertserve

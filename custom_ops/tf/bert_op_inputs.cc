@@ -173,11 +173,43 @@ absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_hea
   return absl::OkStatus();
 }
 
+template <typename T>
+absl::Status ReadRankerHeadInputs(tensorflow::OpKernelContext* ctx, RankerHeadWeights<CoreType<T>>* weights,
+                                  Tensor** scores) {
+  const Tensor& first = ctx->input(0);
+  const Tensor& classifier_kernel = ctx->input(3);
+  if (first.dims() != 2 || first.dim_size(1) < 1) {
+    return InvalidArgument("first_tokens must be [batch, hidden] with hidden >= 1, got ", first.shape().DebugString());
+  }
+  const int64_t h = first.dim_size(1);
+  TF_RETURN_IF_ERROR(CheckShape("pooler_kernel", ctx->input(1), {h, h}));
+  TF_RETURN_IF_ERROR(CheckShape("pooler_bias", ctx->input(2), {h}));
+  if (classifier_kernel.dims() != 2) {
+    return InvalidArgument("classifier_kernel must be [hidden, num_labels], got ",
+                           classifier_kernel.shape().DebugString());
+  }
+  const int64_t labels = classifier_kernel.dim_size(1);
+  if (labels != 1 && labels != 2) {
+    return InvalidArgument("classifier_kernel has ", labels, " labels (columns), but a ranker head has 1 or 2");
+  }
+  TF_RETURN_IF_ERROR(CheckShape("classifier_kernel", classifier_kernel, {h, labels}));
+  TF_RETURN_IF_ERROR(CheckShape("classifier_bias", ctx->input(4), {labels}));
+  weights->pooler_kernel = CoreData<T>(ctx->input(1));
+  weights->pooler_bias = CoreData<T>(ctx->input(2));
+  weights->classifier_kernel = CoreData<T>(classifier_kernel);
+  weights->classifier_bias = CoreData<T>(ctx->input(4));
+  weights->hidden = h;
+  weights->num_labels = labels;
+  return ctx->allocate_output(0, tensorflow::TensorShape({first.dim_size(0)}), scores);
+}
+
 #define BERTSERVE_INSTANTIATE(T)                                                                          \
   template absl::Status ReadEmbeddingInputs<T>(tensorflow::OpKernelContext*, float, int32_t*, PackedBatch*, \
                                                EmbeddingWeights<CoreType<T>>*);                             \
   template absl::Status ReadEncoderInputs<T>(tensorflow::OpKernelContext*, int64_t, float, EncoderDims*,    \
-                                             EncoderWeights<CoreType<T>>*);
+                                             EncoderWeights<CoreType<T>>*);                                 \
+  template absl::Status ReadRankerHeadInputs<T>(tensorflow::OpKernelContext*, RankerHeadWeights<CoreType<T>>*, \
+                                                Tensor**);
 BERTSERVE_INSTANTIATE(float)
 BERTSERVE_INSTANTIATE(Eigen::half)
 #undef BERTSERVE_INSTANTIATE

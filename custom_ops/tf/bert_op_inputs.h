@@ -73,6 +73,13 @@ template <typename T>
 absl::Status ReadEncoderInputs(tensorflow::OpKernelContext* ctx, int64_t num_heads, float layer_norm_epsilon,
                                EncoderDims* dims, EncoderWeights<CoreType<T>>* weights);
 
+// Checks BertRankerHead's inputs: first_tokens [B, H] with H >= 1, pooler_kernel [H, H], pooler_bias [H],
+// classifier_kernel [H, num_labels] with 1 or 2 labels, classifier_bias [num_labels]; fills the weights view and
+// allocates the output, scores [B].
+template <typename T>
+absl::Status ReadRankerHeadInputs(tensorflow::OpKernelContext* ctx, RankerHeadWeights<CoreType<T>>* weights,
+                                  tensorflow::Tensor** scores);
+
 }  // namespace tf
 }  // namespace bertserve
 

@@ -153,6 +153,28 @@ absl::Status GatherFirstTokenShape(InferenceContext* c) {
   return absl::OkStatus();
 }
 
+absl::Status RankerHeadShape(InferenceContext* c) {
+  ShapeHandle first, w;
+  TF_RETURN_IF_ERROR(Rank(c, 0, 2, "first_tokens", &first));
+  DimensionHandle hidden = c->Dim(first, 1), labels = c->UnknownDim();
+  TF_RETURN_IF_ERROR(Rank(c, 1, 2, "pooler_kernel", &w));
+  TF_RETURN_IF_ERROR(Agree(c, c->Dim(w, 0), "pooler_kernel", &hidden));
+  TF_RETURN_IF_ERROR(Agree(c, c->Dim(w, 1), "pooler_kernel", &hidden));
+  TF_RETURN_IF_ERROR(Rank(c, 2, 1, "pooler_bias", &w));
+  TF_RETURN_IF_ERROR(Agree(c, c->Dim(w, 0), "pooler_bias", &hidden));
+  TF_RETURN_IF_ERROR(Rank(c, 3, 2, "classifier_kernel", &w));
+  TF_RETURN_IF_ERROR(Agree(c, c->Dim(w, 0), "classifier_kernel", &hidden));
+  TF_RETURN_IF_ERROR(Agree(c, c->Dim(w, 1), "classifier_kernel", &labels));
+  TF_RETURN_IF_ERROR(Rank(c, 4, 1, "classifier_bias", &w));
+  TF_RETURN_IF_ERROR(Agree(c, c->Dim(w, 0), "classifier_bias", &labels));
+  if (c->ValueKnown(labels) && c->Value(labels) != 1 && c->Value(labels) != 2) {
+    return tf::InvalidArgument("classifier_kernel has ", c->Value(labels),
+                               " labels (columns), but a ranker head has 1 or 2");
+  }
+  c->set_output(0, c->Vector(c->Dim(first, 0)));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("BertEmbedding")
@@ -223,5 +245,20 @@ REGISTER_OP("BertGatherFirstToken")
     .Attr("T: {float, half}")
     .SetShapeFn(GatherFirstTokenShape)
     .Doc("The first real token of each row [B, H]; zeros for a row with no real token.");
+
+REGISTER_OP("BertRankerHead")
+    .Input("first_tokens: T")
+    .Input("pooler_kernel: T")
+    .Input("pooler_bias: T")
+    .Input("classifier_kernel: T")
+    .Input("classifier_bias: T")
+    .Output("scores: float")
+    .Attr("T: {float, half}")
+    .SetShapeFn(RankerHeadShape)
+    .Doc(R"doc(A ranker's pooler and classifier on first tokens [B, H], computed in float.
+
+scores: [B], sigmoid of the logit of tanh(first_tokens @ pooler_kernel + pooler_bias) @ classifier_kernel +
+  classifier_bias for one label (classifier_kernel [H, 1]), the softmax probability of label 1 for two.
+)doc");
 
 }  // namespace bertserve

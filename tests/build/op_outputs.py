@@ -1,5 +1,5 @@
 """Runs one op library's BertEmbedding -> BertEncoder -> BertGatherFirstToken, and BertEncoder with
-first_token_only, on fixed inputs; saves the outputs.
+first_token_only -> BertRankerHead, on fixed inputs; saves the outputs.
 
 Run as a script in a fresh process (an op library registers its ops once per process), with
 BERTSERVE_OPS_LIBRARY naming the .so that bertserve.custom_ops must load:
@@ -53,10 +53,11 @@ def run_case(name: str, dtype: str) -> dict[str, np.ndarray]:
     encoded = ops.bert_encoder(hidden, cu_seqlens, **encoder_args)
     first = ops.bert_gather_first_token(encoded, cu_seqlens)
     first_only = ops.bert_encoder(hidden, cu_seqlens, **encoder_args, first_token_only=True)
+    scores = ops.bert_ranker_head(first_only, **{k: w[k] for k in ops.RANKER_HEAD_WEIGHT_NAMES})
     prefix = f"{name}/{dtype}/"
     return {prefix + "embedding": hidden.numpy(), prefix + "cu_seqlens": cu_seqlens.numpy(),
             prefix + "encoder": encoded.numpy(), prefix + "first_token": first.numpy(),
-            prefix + "first_token_only": first_only.numpy()}
+            prefix + "first_token_only": first_only.numpy(), prefix + "ranker_head": scores.numpy()}
 
 
 def mapped_op_libraries() -> np.ndarray:

@@ -83,7 +83,8 @@ def test_outputs_are_bit_identical(both_outputs):
     pip, bazel = both_outputs
     names = sorted(n for n in pip if n != "mapped_libraries")
     assert names == sorted(n for n in bazel if n != "mapped_libraries")
-    assert len(names) == 20  # 2 head sizes x 2 dtypes x (embedding, cu_seqlens, encoder, first_token, first_token_only)
+    # 2 head sizes x 2 dtypes x (embedding, cu_seqlens, encoder, first_token, first_token_only, ranker_head)
+    assert len(names) == 24
     for name in names:
         assert pip[name].dtype == bazel[name].dtype and pip[name].shape == bazel[name].shape, name
         assert np.isfinite(pip[name]).all() and np.any(pip[name] != 0), f"{name}: degenerate output {pip[name]}"

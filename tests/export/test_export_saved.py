@@ -94,10 +94,12 @@ def test_every_variant_saves_loads_and_validates(tmp_path, tiny_weights, tiny_vo
     custom = {n.op for n in nodes if n.op.startswith("Bert")}
     if name == "stock":  # loadable by an unmodified tensorflow_model_server
         assert not custom
-    else:  # the encoder itself returns the [CLS] rows the pooler reads
-        assert custom == {"BertEmbedding", "BertEncoder"}
+    else:  # the encoder itself returns the [CLS] rows, which BertRankerHead scores
+        assert custom == {"BertEmbedding", "BertEncoder", "BertRankerHead"}
         encoders = [n for n in nodes if n.op == "BertEncoder"]
         assert encoders and all(n.attr["first_token_only"].b for n in encoders)
+        stock_head = {n.op for n in nodes} & {"MatMul", "Tanh", "Sigmoid", "Softmax"}
+        assert not stock_head, f"the fused graph still runs stock head ops: {stock_head}"
 
 
 def test_version_rules(tmp_path, tiny_weights, tiny_vocab):
