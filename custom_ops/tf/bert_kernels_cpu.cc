@@ -2,6 +2,8 @@
 // on TensorFlow's intra-op thread pool.
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -28,26 +30,78 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 
-// TensorFlow's intra-op pool for the core. An exception thrown by the core on a pool thread (an allocation that
-// failed) would end the process there; it is carried back and rethrown on the calling thread instead, after every
-// shard has finished, for RunCore to turn into a status.
+// A loop of the core shared out in blocks that the calling thread and the pool threads claim one at a time, so the
+// caller waits only for blocks already running, never for a pool thread the OS has not scheduled yet: it takes
+// the unclaimed blocks itself. (TensorFlow's ParallelFor hands each pool thread a fixed share and waits for it; on
+// a shared 2-core machine a late pool thread held up each of the encoder's 42 loops a call at batch 1.) An
+// exception thrown by a block (an allocation that failed) would end the process on a pool thread; it is carried
+// back and rethrown on the calling thread once every claimed block has finished, for RunCore to turn into a status.
+class SharedLoop {
+ public:
+  SharedLoop(int64_t n, int64_t block_units, const std::function<void(int64_t, int64_t)>& fn)
+      : n_(n), block_units_(block_units), blocks_((n + block_units - 1) / block_units), fn_(&fn) {}
+
+  int64_t blocks() const { return blocks_; }
+
+  // Claims and runs blocks until none is left. fn_ is only touched through a claim, and every claim finishes
+  // before the caller's Wait returns, so a pool thread that starts late finds nothing left and never calls it.
+  void Work() {
+    for (int64_t block = next_.fetch_add(1); block < blocks_; block = next_.fetch_add(1)) {
+      try {
+        (*fn_)(block * block_units_, std::min(n_, (block + 1) * block_units_));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!first_error_) first_error_ = std::current_exception();
+      }
+      if (finished_.fetch_add(1) + 1 == blocks_) {
+        std::lock_guard<std::mutex> lock(mu_);
+        all_finished_.notify_all();
+      }
+    }
+  }
+
+  // Waits for the blocks other threads still run, then rethrows the first exception any block threw.
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    all_finished_.wait(lock, [this] { return finished_.load() == blocks_; });
+    if (first_error_) std::rethrow_exception(first_error_);
+  }
+
+ private:
+  const int64_t n_, block_units_, blocks_;
+  const std::function<void(int64_t, int64_t)>* fn_;
+  std::atomic<int64_t> next_{0}, finished_{0};
+  std::mutex mu_;
+  std::condition_variable all_finished_;
+  std::exception_ptr first_error_;
+};
+
+// Below this many cycles a loop runs on the calling thread alone: waking a pool thread costs more.
+constexpr int64_t kInlineCycles = 40000;
+// Each block is at least this much work, and there are at most kBlocksPerThread per participating thread.
+constexpr int64_t kMinBlockCycles = 20000;
+constexpr int64_t kBlocksPerThread = 4;
+
+// TensorFlow's intra-op pool for the core, with loops run as SharedLoops.
 cpu::ThreadPool IntraOpPool(OpKernelContext* ctx) {
   tensorflow::thread::ThreadPool* workers = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   cpu::ThreadPool pool;
   pool.num_threads = workers->NumThreads();
-  pool.parallel_for = [workers](int64_t n, int64_t cost_per_unit, const std::function<void(int64_t, int64_t)>& fn) {
-    std::mutex mu;
-    std::exception_ptr first_error;
-    workers->ParallelFor(n, tensorflow::thread::ThreadPool::SchedulingParams::Adaptive(cost_per_unit),
-                         [&](int64_t begin, int64_t end) {
-                           try {
-                             fn(begin, end);
-                           } catch (...) {
-                             std::lock_guard<std::mutex> lock(mu);
-                             if (!first_error) first_error = std::current_exception();
-                           }
-                         });
-    if (first_error) std::rethrow_exception(first_error);
+  pool.parallel_for = [workers, threads = pool.num_threads](int64_t n, int64_t cost_per_unit,
+                                                            const std::function<void(int64_t, int64_t)>& fn) {
+    if (n <= 0) return;
+    const int64_t cost = std::max<int64_t>(1, cost_per_unit);
+    if (n == 1 || threads <= 1 || n * cost < kInlineCycles) {
+      fn(0, n);
+      return;
+    }
+    const int64_t by_cost = (kMinBlockCycles + cost - 1) / cost;
+    const int64_t by_count = (n + kBlocksPerThread * (threads + 1) - 1) / (kBlocksPerThread * (threads + 1));
+    auto loop = std::make_shared<SharedLoop>(n, std::max(by_cost, by_count), fn);
+    const int64_t helpers = std::min<int64_t>(threads, loop->blocks() - 1);
+    for (int64_t i = 0; i < helpers; ++i) workers->Schedule([loop] { loop->Work(); });
+    loop->Work();
+    loop->Wait();
   };
   return pool;
 }
