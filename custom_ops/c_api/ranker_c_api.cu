@@ -1,6 +1,6 @@
 // A C ABI over the CUDA core for drivers without TensorFlow (the GPU harness, bench/gpu/core.py, loads it with
 // ctypes), a sibling of the TensorFlow adapter in custom_ops/tf/: a whole ranker forward (embedding, encoder,
-// first-token gather, pooler GEMM, tanh + classifier + sigmoid) on device buffers owned by the caller, the encoder
+// first-token gather, pooler + classifier as BertRankerHead runs them) on device buffers owned by the caller, the encoder
 // as the TF kernel runs it, and the padding ops. Every function returns 0 or 1 and leaves the message of a
 // failure in bertserve_cuda_last_error(). Nothing here synchronises with the device.
 #include <cuda_fp16.h>
@@ -8,7 +8,6 @@
 #include <exception>
 #include <memory>
 #include <string>
-#include <type_traits>
 
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
@@ -85,44 +84,44 @@ EmbeddingWeights<T> EmbeddingWeightsOf(const Ranker& r) {
   return w;
 }
 
-// Workspace: packed hidden [N, H] | first tokens [B, H] | pooled [B, H] fp32 | encoder scratch. The pooler
-// writes fp32 so that the tanh and the classifier see it unrounded; an fp16 ranker at batch 1 runs pooler and head
-// as one kernel (LaunchPoolerHead) instead. With first_token_last_layer the encoder writes the first tokens itself
-// and hidden ends as its last layer's input.
+template <typename T>
+RankerHeadWeights<T> HeadWeightsOf(const Ranker& r) {
+  auto p = [&r](int i) { return static_cast<const T*>(r.weights[i]); };
+  RankerHeadWeights<T> w;
+  w.pooler_kernel = p(kPoolerKernel);
+  w.pooler_bias = p(kPoolerBias);
+  w.classifier_kernel = p(kClassifierKernel);
+  w.classifier_bias = p(kClassifierBias);
+  w.hidden = r.dims.hidden;
+  w.num_labels = r.num_labels;
+  return w;
+}
+
+// Workspace: packed hidden [N, H] | first tokens [B, H] | head scratch (RankerHeadWorkspaceBytes) | encoder
+// scratch. The pooler and head run as the TF op BertRankerHead runs them (RankerHead). With
+// first_token_last_layer the encoder writes the first tokens itself and hidden ends as its last layer's input.
 template <typename T>
 void Forward(const Ranker& r, const int32_t* input_ids, const int32_t* segment_ids, int64_t seq,
              const PackedBatch& batch, void* workspace, T* hidden_out, float* scores, void* stream) {
-  using D = DeviceT<T>;
   const int64_t h = r.dims.hidden;
   auto* p = static_cast<unsigned char*>(workspace);
   T* hidden = reinterpret_cast<T*>(p);
   p += AlignedBytes(batch.num_tokens * h * sizeof(T));
   if (hidden_out != nullptr) hidden = hidden_out;
-  D* first = reinterpret_cast<D*>(p);
+  T* first = reinterpret_cast<T*>(p);
   p += AlignedBytes(batch.batch * h * sizeof(T));
-  float* pooled = reinterpret_cast<float*>(p);
-  p += AlignedBytes(batch.batch * h * sizeof(float));
+  void* head_workspace = p;
+  p += RankerHeadWorkspaceBytes<T>(batch.batch, h, r.num_labels);
   void* encoder_workspace = p;
-  auto weight = [&r](int i) { return static_cast<const D*>(r.weights[i]); };
 
   Embedding<T>(EmbeddingWeightsOf<T>(r), input_ids, segment_ids, seq, batch, hidden, stream);
   Encoder<T>(r.dims, EncoderWeightsOf<T>(r), batch, hidden, encoder_workspace, r.gemm, stream,
-             r.first_token_last_layer ? reinterpret_cast<T*>(first) : nullptr);
+             r.first_token_last_layer ? first : nullptr);
   if (!r.first_token_last_layer) {
-    LaunchGatherFirstToken<D>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, first, AsStream(stream));
+    LaunchGatherFirstToken<DeviceT<T>>(ToDevice(hidden), h, batch.cu_seqlens_device, batch.batch, ToDevice(first),
+                                       AsStream(stream));
   }
-  if constexpr (std::is_same_v<D, __half>) {
-    if (PoolerHeadSupports(batch.batch, h, r.num_labels)) {
-      LaunchPoolerHead(first, weight(kPoolerKernel), weight(kPoolerBias), weight(kClassifierKernel),
-                       weight(kClassifierBias), batch.batch, h, r.num_labels, scores, AsStream(stream));
-      return;
-    }
-  }
-  // The pooler GEMM reuses the encoder scratch's leading cuBLASLt workspace.
-  Gemm<D, float>(r.gemm, first, weight(kPoolerKernel), nullptr, pooled, batch.batch, h, h, Epilogue::kNone,
-                 encoder_workspace, stream);
-  LaunchRankerHead<D>(pooled, weight(kPoolerBias), weight(kClassifierKernel), weight(kClassifierBias), batch.batch,
-                      h, r.num_labels, scores, AsStream(stream));
+  RankerHead<T>(HeadWeightsOf<T>(r), first, batch.batch, head_workspace, scores, r.gemm, stream);
 }
 
 PackedBatch MakeBatch(int64_t batch, int64_t num_tokens, int64_t max_seqlen, const int32_t* cu_host,
@@ -225,9 +224,13 @@ int64_t bertserve_cuda_ranker_workspace_bytes(void* ranker, int64_t max_tokens, 
   const int64_t encoder =
       r.half ? bertserve::cuda::EncoderWorkspaceBytes<bertserve::fp16>(r.dims, max_tokens, max_batch)
              : bertserve::cuda::EncoderWorkspaceBytes<float>(r.dims, max_tokens, max_batch);
+  // The head's scratch grows with the batch (none for the one-kernel head, at batch 1 alone), so max_batch's
+  // covers every smaller batch.
+  const int64_t head =
+      r.half ? bertserve::cuda::RankerHeadWorkspaceBytes<bertserve::fp16>(max_batch, r.dims.hidden, r.num_labels)
+             : bertserve::cuda::RankerHeadWorkspaceBytes<float>(max_batch, r.dims.hidden, r.num_labels);
   return bertserve::cuda::AlignedBytes(max_tokens * r.dims.hidden * e) +
-         bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * e) +
-         bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * sizeof(float)) + encoder;
+         bertserve::cuda::AlignedBytes(max_batch * r.dims.hidden * e) + head + encoder;
 }
 
 int64_t bertserve_cuda_token_bucket(int64_t num_tokens) { return bertserve::cuda::TokenBucket(num_tokens); }

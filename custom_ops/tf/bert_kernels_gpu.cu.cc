@@ -108,6 +108,26 @@ cuda::DeviceAllocator ArenaAllocator(OpKernelContext* ctx) {
   };
 }
 
+// One cuBLASLt context per kernel instance (TF makes one per device), created on first use on that device.
+class LazyGemmContext {
+ public:
+  LazyGemmContext() = default;
+  LazyGemmContext(const LazyGemmContext&) = delete;
+  LazyGemmContext& operator=(const LazyGemmContext&) = delete;
+  ~LazyGemmContext() { cuda::DestroyGemmContext(gemm_); }
+
+  absl::Status Get(cuda::GemmContext** gemm) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (gemm_ == nullptr) TF_RETURN_IF_ERROR(CallCore([&] { gemm_ = cuda::CreateGemmContext(); }));
+    *gemm = gemm_;
+    return absl::OkStatus();
+  }
+
+ private:
+  std::mutex mutex_;
+  cuda::GemmContext* gemm_ = nullptr;
+};
+
 // The encoder runs on an arena of its token bucket (cuda::TokenBucket) that the kernel keeps, as a CUDA graph per
 // (batch, bucket) replayed on TensorFlow's stream (cuda::BucketedEncoder): launched one by one, a forward of a few
 // rows costs the host more than the GPU.
@@ -119,8 +139,6 @@ class BertEncoderGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("first_token_only", &first_token_only_));
   }
-
-  ~BertEncoderGpuOp() override { cuda::DestroyGemmContext(gemm_); }
 
   void Compute(OpKernelContext* ctx) override {
     EncoderDims dims;
@@ -134,7 +152,7 @@ class BertEncoderGpuOp : public OpKernel {
                                                                   : hidden.shape(),
                                              &output));
     cuda::GemmContext* gemm = nullptr;
-    OP_REQUIRES_OK(ctx, Gemm(&gemm));
+    OP_REQUIRES_OK(ctx, gemm_.Get(&gemm));
     OP_REQUIRES_OK(ctx, CallCore([&] {
                      cuda::BucketedEncoder(graphs_, /*use_graphs=*/true, dims, weights, batch, CoreData<T>(hidden),
                                            first_token_only_, CoreData<T>(output), gemm, ArenaAllocator(ctx),
@@ -143,20 +161,40 @@ class BertEncoderGpuOp : public OpKernel {
   }
 
  private:
-  // One cuBLASLt context per kernel instance (TF makes one per device), created on first use on that device.
-  absl::Status Gemm(cuda::GemmContext** gemm) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (gemm_ == nullptr) TF_RETURN_IF_ERROR(CallCore([&] { gemm_ = cuda::CreateGemmContext(); }));
-    *gemm = gemm_;
-    return absl::OkStatus();
-  }
-
   int64_t num_heads_;
   float epsilon_;
   bool first_token_only_;
-  std::mutex mutex_;
-  cuda::GemmContext* gemm_ = nullptr;
+  LazyGemmContext gemm_;
   cuda::GraphCache graphs_;
+};
+
+// The pooler and classifier as the C ABI's ranker runs them (cuda::RankerHead): one kernel for an fp16 row, else
+// the pooler GEMM into fp32 scratch from TensorFlow's allocator and the head kernel.
+template <typename T>
+class BertRankerHeadGpuOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    RankerHeadWeights<CoreType<T>> weights;
+    Tensor* scores = nullptr;
+    OP_REQUIRES_OK(ctx, ReadRankerHeadInputs<T>(ctx, &weights, &scores));
+    const int64_t batch = scores->dim_size(0);
+    if (batch == 0) return;
+    const int64_t bytes = cuda::RankerHeadWorkspaceBytes<CoreType<T>>(batch, weights.hidden, weights.num_labels);
+    Tensor workspace;
+    if (bytes > 0) OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &workspace));
+    cuda::GemmContext* gemm = nullptr;
+    OP_REQUIRES_OK(ctx, gemm_.Get(&gemm));
+    OP_REQUIRES_OK(ctx, CallCore([&] {
+                     cuda::RankerHead(weights, CoreData<T>(ctx->input(0)), batch,
+                                      bytes > 0 ? workspace.flat<int8_t>().data() : nullptr,
+                                      scores->flat<float>().data(), gemm, StreamOf(ctx));
+                   }));
+  }
+
+ private:
+  LazyGemmContext gemm_;
 };
 
 template <typename T>
@@ -269,7 +307,8 @@ class BertGatherFirstTokenGpuOp : public OpKernel {
       BertRebuildPaddingGpuOp<T>);                                                                                 \
   REGISTER_KERNEL_BUILDER(                                                                                         \
       Name("BertGatherFirstToken").Device(DEVICE_GPU).TypeConstraint<T>("T").HostMemory("cu_seqlens"),            \
-      BertGatherFirstTokenGpuOp<T>);
+      BertGatherFirstTokenGpuOp<T>);                                                                              \
+  REGISTER_KERNEL_BUILDER(Name("BertRankerHead").Device(DEVICE_GPU).TypeConstraint<T>("T"), BertRankerHeadGpuOp<T>);
 BERTSERVE_REGISTER_GPU(float)
 BERTSERVE_REGISTER_GPU(Eigen::half)
 #undef BERTSERVE_REGISTER_GPU

@@ -1,4 +1,5 @@
-// The ranker's pooler and head in one kernel at batch 1 (LaunchPoolerHead in kernels.h). There the
+// The ranker's pooler and head (cuda::RankerHead in bert_core.h): in one kernel at batch 1 (LaunchPoolerHead in
+// kernels.h), else the pooler GEMM and the head kernel (LaunchRankerHead). There the
 // pooler GEMM (cuBLASLt, a 768 x 768 weight matrix for one row) and the head after it were two dependent steps at
 // the end of the forward, the GEMM outside the launch chain, its weights read from DRAM after the last LayerNorm
 // (commit 3fbca00).
@@ -16,9 +17,12 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
+#include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/common.cuh"
+#include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/kernels.h"
 
 namespace bertserve {
@@ -158,6 +162,51 @@ void LaunchPoolerHead(const __half* first, const __half* pooler_kernel, const __
                                  classifier_bias, static_cast<int>(batch), static_cast<int>(hidden),
                                  static_cast<int>(num_labels), scores);
 }
+
+namespace {
+
+// Whether RankerHead runs LaunchPoolerHead (fp16 only: the kernel reads half weights).
+template <typename T>
+bool FusedPoolerHead(int64_t batch, int64_t hidden, int64_t num_labels) {
+  return std::is_same_v<T, fp16> && PoolerHeadSupports(batch, hidden, num_labels);
+}
+
+}  // namespace
+
+template <typename T>
+int64_t RankerHeadWorkspaceBytes(int64_t batch, int64_t hidden, int64_t num_labels) {
+  if (batch == 0 || FusedPoolerHead<T>(batch, hidden, num_labels)) return 0;
+  return AlignedBytes(kGemmWorkspaceBytes) + AlignedBytes(batch * hidden * static_cast<int64_t>(sizeof(float)));
+}
+
+template <typename T>
+void RankerHead(const RankerHeadWeights<T>& w, const T* first_tokens, int64_t batch, void* workspace, float* scores,
+                GemmContext* gemm, void* stream) {
+  using D = DeviceT<T>;
+  if (batch == 0) return;
+  const int64_t h = w.hidden;
+  if constexpr (std::is_same_v<D, __half>) {
+    if (FusedPoolerHead<T>(batch, h, w.num_labels)) {
+      LaunchPoolerHead(ToDevice(first_tokens), ToDevice(w.pooler_kernel), ToDevice(w.pooler_bias),
+                       ToDevice(w.classifier_kernel), ToDevice(w.classifier_bias), batch, h, w.num_labels, scores,
+                       AsStream(stream));
+      return;
+    }
+  }
+  // fp32 output, so that tanh and the classifier see the pooler unrounded.
+  float* pooled = reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + AlignedBytes(kGemmWorkspaceBytes));
+  Gemm<D, float>(gemm, ToDevice(first_tokens), ToDevice(w.pooler_kernel), nullptr, pooled, batch, h, h,
+                 Epilogue::kNone, workspace, stream);
+  LaunchRankerHead<D>(pooled, ToDevice(w.pooler_bias), ToDevice(w.classifier_kernel), ToDevice(w.classifier_bias),
+                      batch, h, w.num_labels, scores, AsStream(stream));
+}
+
+#define BERTSERVE_INSTANTIATE_RANKER_HEAD(T)                                                                      \
+  template int64_t RankerHeadWorkspaceBytes<T>(int64_t, int64_t, int64_t);                                         \
+  template void RankerHead<T>(const RankerHeadWeights<T>&, const T*, int64_t, void*, float*, GemmContext*, void*);
+BERTSERVE_INSTANTIATE_RANKER_HEAD(float)
+BERTSERVE_INSTANTIATE_RANKER_HEAD(fp16)
+#undef BERTSERVE_INSTANTIATE_RANKER_HEAD
 
 }  // namespace cuda
 }  // namespace bertserve
