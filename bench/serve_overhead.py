@@ -5,7 +5,10 @@ Three parts, all on this machine, side by side in one run (the CPUs are shared: 
 1. tiny model (1 layer, hidden 32: model time is negligible, so the server's own cost shows): latency of one
    single-row Predict over gRPC with and without server-side batching, and over REST on a kept-alive connection
    and on a new connection per request, vs. a direct in-process call; and the most requests/s one server process
-   sustains (closed loop, many requests in flight, client in this process).
+   sustains (closed loop, many requests in flight, client in this process), with the CPU-seconds the server
+   process and the client spent per request (the client's share of the two cores reported beside it). With
+   --baseline-pythonpath, the same closed loop also runs against a server from another checkout (an older
+   design), in alternating rounds, so that both see the same machine load.
 2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
    signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
    (as the gRPC handler threads drive it): requests/s and mean batch size.
@@ -14,6 +17,7 @@ Three parts, all on this machine, side by side in one run (the CPUs are shared: 
    call, and 32 concurrent single-pair requests merged by the batcher vs. a direct batch-32 call.
 
 Run: .venv/bin/python bench/serve_overhead.py [--quick] [--out bench/results/serve_overhead.json]
+     [--baseline-pythonpath DIR --baseline-name NAME]  (DIR holds `bertserve`, e.g. a `git archive` of a commit)
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import json
 import os
 import platform
+import psutil
 import statistics
 import sys
 import tempfile
@@ -72,7 +77,8 @@ def request_for(model: str, inputs: dict[str, np.ndarray]) -> predict_pb2.Predic
 class Server:
     """A `bertserve serve` process with gRPC and REST (also the Prometheus metrics)."""
 
-    def __init__(self, name: str, base_path: str, batching: str | None):
+    def __init__(self, name: str, base_path: str, batching: str | None, pythonpath: str | None = None):
+        """pythonpath: where `bertserve` comes from for the server (None: this checkout)."""
         self.name = name
         self.files = tempfile.TemporaryDirectory()
         monitoring = os.path.join(self.files.name, "monitoring.config")
@@ -84,7 +90,10 @@ class Server:
             with open(batching_file, "w", encoding="utf-8") as handle:
                 handle.write(batching)
             flags += ["--enable_batching", f"--batching_parameters_file={batching_file}"]
-        self.server = ServerProcess(flags, None, dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
+        self.server = ServerProcess(flags, None, env)
         try:
             self.server.wait_ready(120.0)
         except BaseException:
@@ -134,14 +143,23 @@ def rest_predict(http, server: Server, body: dict) -> None:
     reply.raise_for_status()
 
 
-def closed_loop_rps(stub, request, in_flight: int, seconds: float) -> dict:
-    """Keeps `in_flight` Predicts outstanding for `seconds`; returns completed requests/s and errors."""
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def closed_loop_rps(server: Server, request, in_flight: int, seconds: float) -> dict:
+    """Keeps `in_flight` Predicts outstanding for `seconds`; completed requests/s, errors, and the CPU-seconds per
+    request of the server process and of this client (request bytes serialized once, so the client's share is
+    the gRPC call itself)."""
+    call = server.server.channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+    raw = request.SerializeToString()
     state = {"ok": 0, "errors": 0, "outstanding": in_flight}
     lock, finished = threading.Lock(), threading.Event()
     end = time.monotonic() + seconds
 
     def fire() -> None:
-        stub.Predict.future(request, timeout=60).add_done_callback(done)
+        call.future(raw, timeout=60).add_done_callback(done)
 
     def done(future) -> None:
         with lock:
@@ -154,16 +172,48 @@ def closed_loop_rps(stub, request, in_flight: int, seconds: float) -> dict:
         if again:
             fire()
 
+    server_process, client_process = psutil.Process(server.server.proc.pid), psutil.Process()
+    server_before, client_before = _cpu_seconds(server_process), _cpu_seconds(client_process)
     start = time.monotonic()
     for _ in range(in_flight):
         fire()
     finished.wait(seconds + 120)
     elapsed = time.monotonic() - start
+    server_cpu, client_cpu = _cpu_seconds(server_process) - server_before, _cpu_seconds(client_process) - client_before
+    done_count = max(state["ok"], 1)
     return {"requests_per_s": round(state["ok"] / elapsed, 1), "errors": state["errors"], "in_flight": in_flight,
-            "seconds": round(elapsed, 1)}
+            "seconds": round(elapsed, 1),
+            "server_cpu_us_per_request": round(server_cpu / done_count * 1e6, 1),
+            "client_cpu_us_per_request": round(client_cpu / done_count * 1e6, 1),
+            "server_cores_busy": round(server_cpu / elapsed, 2), "client_cores_busy": round(client_cpu / elapsed, 2),
+            "client_share_of_cpu": round(client_cpu / max(server_cpu + client_cpu, 1e-9), 3)}
 
 
-def tiny_part(base: str, quick: bool) -> dict:
+def side_by_side_throughput(path: str, request, designs: dict[str, str | None], rounds: int,
+                            seconds: float) -> dict:
+    """The batching closed loop against each design's server, rounds alternating; each design's best round
+    (the least disturbed by other work on the shared cores) and every round."""
+    results: dict[str, list[dict]] = {name: [] for name in designs}
+    with contextlib.ExitStack() as stack:
+        servers = {name: stack.enter_context(contextlib.closing(Server("tiny", path, BATCHING_TINY, pythonpath)))
+                   for name, pythonpath in designs.items()}
+        for _ in range(rounds):
+            for name, server in servers.items():
+                rows_before, batches_before = server.batch_sizes()
+                result = closed_loop_rps(server, request, 64, seconds)
+                rows, batches = (a - b for a, b in zip(server.batch_sizes(), (rows_before, batches_before)))
+                result["mean_rows_per_executed_batch"] = round(rows / max(batches, 1), 2)
+                results[name].append(result)
+    return {name: {"best": max(runs, key=lambda r: r["requests_per_s"]), "rounds": runs}
+            for name, runs in results.items()}
+
+
+BATCHING_TINY = ("max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
+                 "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")
+
+
+def tiny_part(base: str, quick: bool, baseline: tuple[str, str] | None) -> dict:
+    """baseline: (name, PYTHONPATH) of another design's server for the side-by-side throughput."""
     path = export(base, "tiny", TINY_CONFIG, "stock")
     one_row = warmup_inputs(TINY_CONFIG, 1, SEQ)
     function = tf.saved_model.load(os.path.join(path, "1")).signatures["serving_default"]
@@ -172,28 +222,27 @@ def tiny_part(base: str, quick: bool) -> dict:
     with contextlib.ExitStack() as servers:
         plain = servers.enter_context(contextlib.closing(Server("tiny", path, None)))
         session = servers.enter_context(requests.Session())
-        batching = servers.enter_context(contextlib.closing(Server(
-            "tiny", path, "max_batch_size { value: 64 } batch_timeout_micros { value: 0 } "
-                          "max_enqueued_batches { value: 1000 } num_batch_threads { value: 1 }")))
+        batching = servers.enter_context(contextlib.closing(Server("tiny", path, BATCHING_TINY)))
         latency = interleaved_latency_us({
             "direct_call": lambda: function(**{k: tf.constant(v) for k, v in one_row.items()})["scores"].numpy(),
             "grpc_no_batching": lambda: plain.stub.Predict(request, timeout=30),
             "grpc_batching": lambda: batching.stub.Predict(request, timeout=30),
             "rest_keep_alive": lambda: rest_predict(session, plain, rest_body),
             "rest_new_connection": lambda: rest_predict(requests, plain, rest_body)}, 300 if quick else 2000)
-        seconds = 3 if quick else 10
-        rows_before, batches_before = batching.batch_sizes()
-        throughput = {"grpc_no_batching": closed_loop_rps(plain.stub, request, 64, seconds),
-                      "grpc_batching": closed_loop_rps(batching.stub, request, 64, seconds)}
-        rows, batches = (a - b for a, b in zip(batching.batch_sizes(), (rows_before, batches_before)))
-        throughput["grpc_batching"]["mean_rows_per_executed_batch"] = round(rows / max(batches, 1), 2)
+        no_batching = closed_loop_rps(plain, request, 64, 3 if quick else 10)
+    designs = {"this_tree": None, **({baseline[0]: baseline[1]} if baseline else {})}
+    throughput = side_by_side_throughput(path, request, designs, 1 if quick else 3, 3 if quick else 10)
     direct_p50 = latency["direct_call"]["p50_us"]
     return {"model": "1 layer, hidden 32, seq 32, one row per request; latency: one request at a time",
             "latency": latency,
             "server_cost_us_p50": {name: round(latency[name]["p50_us"] - direct_p50, 1)
                                    for name in ("grpc_no_batching", "grpc_batching", "rest_keep_alive",
                                                 "rest_new_connection")},
-            "max_throughput": throughput}
+            "max_throughput": {"grpc_no_batching": no_batching, "grpc_batching": throughput["this_tree"]["best"]},
+            "grpc_batching_side_by_side": {
+                "batching": BATCHING_TINY, "in_flight": 64,
+                "note": "rounds alternate between the designs' servers; best: the round with the most requests/s",
+                **throughput}}
 
 
 def batcher_choice(base: str, quick: bool) -> dict:
@@ -293,13 +342,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "bench", "results", "serve_overhead.json"))
+    parser.add_argument("--baseline-pythonpath", help="a folder holding another checkout as `bertserve`")
+    parser.add_argument("--baseline-name", default="baseline", help="its name in the results (e.g. its commit)")
     args = parser.parse_args()
     results = {"machine": {**machine(), "python": platform.python_version(), "tensorflow": tf.__version__,
                            "grpcio": grpc.__version__,
                            "note": "client, server and other work share these cores; compare ratios"},
                "quick": args.quick}
     with tempfile.TemporaryDirectory() as base:
-        results["tiny"] = tiny_part(base, args.quick)
+        results["tiny"] = tiny_part(base, args.quick, (args.baseline_name, args.baseline_pythonpath)
+                                    if args.baseline_pythonpath else None)
         print(json.dumps(results["tiny"], indent=1), flush=True)
         results["batcher_choice"] = batcher_choice(base, args.quick)
         print(json.dumps(results["batcher_choice"], indent=1), flush=True)

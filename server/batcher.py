@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 
 import grpc
 import numpy as np
@@ -199,7 +200,8 @@ class BatchScheduler:
                             return
                         self.condition.wait(None if picked is None else max(0.0, picked - time.monotonic()))
                 queue, batch = picked
-                queue.process(batch)
+                with _deliveries_held():
+                    queue.process(batch)
         except BaseException as exc:  # noqa: BLE001 - a dead batch thread must not leave a scheduler looking alive
             self._fail(f"batch thread {threading.current_thread().name} died: {type(exc).__name__}: {exc}", batch)
 
@@ -391,21 +393,79 @@ def wait_for(submission: Submission, deadline: float | None) -> Tensors:
     return submission.result()
 
 
+_holding = threading.local()  # on a batch thread while it answers a batch: inbox -> callbacks held back
+
+
+@contextlib.contextmanager
+def _deliveries_held() -> Iterator[None]:
+    """Around answering one batch: every loop gets its answers in one wake-up when the batch is done."""
+    _holding.callbacks = held = {}
+    try:
+        yield
+    finally:
+        _holding.callbacks = None
+        for inbox, callbacks in held.items():
+            inbox.post_all(callbacks)
+
+
+class _LoopInbox:
+    """Answers from batch threads to one event loop, delivered in one loop callback however many arrive together:
+    a batch of N requests wakes the loop once, not N times (each wake-up is a syscall and a loop iteration)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[Callable[[], None]] = []
+
+    def post(self, callback: Callable[[], None]) -> None:
+        """From any thread: `callback` runs on the loop soon (with the rest of its batch, on a batch thread)."""
+        held = getattr(_holding, "callbacks", None)
+        if held is not None:
+            held.setdefault(self, []).append(callback)
+        else:
+            self.post_all([callback])
+
+    def post_all(self, callbacks: list[Callable[[], None]]) -> None:
+        with self._lock:
+            idle = not self._pending  # no drain scheduled yet
+            self._pending.extend(callbacks)
+        if idle:
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for callback in pending:
+            callback()
+
+
+_inboxes: dict[asyncio.AbstractEventLoop, _LoopInbox] = {}
+
+
+def _inbox(loop: asyncio.AbstractEventLoop) -> _LoopInbox:
+    """The loop's inbox; made on the loop's own thread (wait_async), so never twice for one loop."""
+    inbox = _inboxes.get(loop)
+    if inbox is None:
+        inbox = _inboxes[loop] = _LoopInbox(loop)
+    return inbox
+
+
 async def wait_async(queue: BatchingQueue, inputs: Tensors, size: int, deadline: float | None) -> Tensors:
-    """Submits and awaits the answer on the running event loop: the batch thread wakes the loop once per request,
-    and no thread is held while the request is queued. Raises ServingError; a waiter that times out or is
-    cancelled (the client went away) abandons its pieces."""
+    """Submits and awaits the answer on the running event loop: no thread is held while the request is queued,
+    and the batch thread wakes the loop once per batch (_LoopInbox). Raises ServingError; a waiter that times out
+    or is cancelled (the client went away) abandons its pieces."""
     loop = asyncio.get_running_loop()
     answered = loop.create_future()
 
-    def settle(error: ServingError | None) -> None:  # on the loop; the first of answer and timeout wins
+    def settle(error: ServingError | None = None) -> None:  # on the loop; the first of answer and timeout wins
         if not answered.done():
             if error is None:
                 answered.set_result(None)
             else:
                 answered.set_exception(error)
 
-    submission = queue.submit(inputs, size, deadline, lambda: loop.call_soon_threadsafe(settle, None))
+    inbox = _inbox(loop)
+    submission = queue.submit(inputs, size, deadline, lambda: inbox.post(settle))
     timer = None if deadline is None else loop.call_at(
         loop.time() + max(0.0, deadline - time.monotonic()), settle,
         deadline_exceeded("Deadline exceeded while waiting for the batch to run"))

@@ -24,6 +24,8 @@ from bertserve.server.predict import Predictor
 
 log = logging.getLogger("bertserve.server")
 DRAIN_GRACE_SECONDS = 30.0
+# Inference RPCs in flight beyond what the batch queues hold: unbatched calls waiting for one of the gRPC threads.
+UNBATCHED_WAITING_PER_THREAD = 8
 
 
 def _load_custom_ops() -> None:
@@ -128,7 +130,7 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
                           tensor_content=options.enable_serialization_as_tensor_content)
     front_ends = FrontEnds(FrontEndOptions(
         grpc_port=options.port, rest_port=options.rest_api_port,
-        max_in_flight=grpc_threads + (requests_held(batching) if batching else 0),
+        max_in_flight=UNBATCHED_WAITING_PER_THREAD * grpc_threads + (requests_held(batching) if batching else 0),
         rest_slots=options.effective_rest_threads(), rest_timeout_seconds=options.rest_api_timeout_in_ms / 1000.0,
         prometheus_path=prometheus_path, drain_grace_seconds=DRAIN_GRACE_SECONDS,
         grpc_socket_path=options.grpc_socket_path), predictor)
