@@ -275,7 +275,7 @@ def batcher_choice(base: str, quick: bool) -> dict:
     metrics = ServerMetrics(32)
     scheduler = BatchScheduler(1, "bench")
     queue = scheduler.add_queue(options, signature.run, signature.tensor_names, "tiny", "serving_default", metrics)
-    python_rps = drive(lambda: wait_for(queue, one_row, 1, None))
+    python_rps = drive(lambda: wait_for(queue.submit(one_row, 1, None), None))
     scheduler.stop()
     samples = {sample.name: sample.value for family in metrics.registry.collect() for sample in family.samples
                if sample.name in ("bertserve_batch_size_sum", "bertserve_batch_size_count")}
@@ -283,7 +283,8 @@ def batcher_choice(base: str, quick: bool) -> dict:
 
     # TensorFlow's BatchFunction wraps a tf.function: the SavedModel loaded as functions (the server runs it in a
     # Session, which has no function to wrap).
-    function = tf.saved_model.load(os.path.join(base, "tiny", "1")).signatures["serving_default"]
+    loaded = tf.saved_model.load(os.path.join(base, "tiny", "1"))  # kept: its signatures use its variables
+    function = loaded.signatures["serving_default"]
     specs = [tf.TensorSpec([None, SEQ], tf.int32) for _ in range(3)]
 
     @tf.function(input_signature=specs)
