@@ -132,10 +132,12 @@ def test_malformed_requests_get_errors_only_and_memory_stays_bounded(server):
     grpc_codes = codes(structured)
     assert grpc_codes <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                           grpc.StatusCode.FAILED_PRECONDITION}, grpc_codes
-    # Bytes that are no PredictRequest fail in gRPC's own deserializer (INTERNAL) or parse as a request that
-    # names no model (NOT_FOUND): never OK.
+    # Bytes that are no PredictRequest fail in gRPC's own deserializer (grpc.aio answers UNKNOWN there, the sync
+    # server INTERNAL), or parse as a request with an empty model spec (INVALID_ARGUMENT, as TF Serving) or one
+    # naming no loaded model (NOT_FOUND): never OK.
     garbage_codes = codes(garbage)
-    assert garbage_codes <= {grpc.StatusCode.INTERNAL, grpc.StatusCode.NOT_FOUND}, garbage_codes
+    assert garbage_codes <= {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT,
+                             grpc.StatusCode.NOT_FOUND}, garbage_codes
     http_codes = set()
     for i in range(REST_CASES):
         reply = _malformed_rest(rng, i % 14, server.rest)
