@@ -28,6 +28,7 @@ import tempfile
 import numpy as np
 import tensorflow as tf
 
+from bertserve import custom_ops
 from bertserve.bench.machine import machine
 from bertserve.bench.serve_overhead import SEQ, TINY_CONFIG, export, interleaved_latency_us
 from bertserve.export.saved import warmup_inputs
@@ -63,15 +64,6 @@ def time_model(path: str, calls: int) -> dict:
     return results
 
 
-def fused_ops_available() -> bool:
-    try:
-        from bertserve import custom_ops
-        custom_ops.load_op_library()
-        return True
-    except (ImportError, OSError, tf.errors.OpError):
-        return False
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=3000, help="timed calls of each path per batch size")
@@ -82,7 +74,7 @@ def main() -> int:
                "model": f"1 layer, hidden 32, seq {SEQ}, random weights; p50/p99 of one call, NumPy in and out"}
     with tempfile.TemporaryDirectory() as base:
         for variant in ("stock", "fused"):
-            if variant == "fused" and not fused_ops_available():
+            if variant == "fused" and not custom_ops.library_loads():
                 results["fused_skipped"] = "op library not loadable"
                 continue
             path = os.path.join(export(base, f"tiny_{variant}", TINY_CONFIG, variant), "1")

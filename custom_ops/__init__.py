@@ -57,6 +57,18 @@ def load_op_library() -> types.ModuleType:
     return library
 
 
+def library_loads() -> bool:
+    """True when the op library is built and loads here: what callers that can do without the fused ops (stock
+    variants, tests, benches) ask, instead of each catching load_op_library's errors."""
+    import tensorflow as tf
+
+    try:
+        load_op_library()
+    except (OSError, tf.errors.OpError):  # FileNotFoundError (not built) is an OSError
+        return False
+    return True
+
+
 def bert_embedding(input_ids, segment_ids, input_mask, word_embeddings, position_embeddings, token_type_embeddings,
                    layer_norm_gamma, layer_norm_beta, layer_norm_epsilon: float = 1e-12):
     """Word + position + token-type lookup and LayerNorm -> (hidden [N, H] packed, cu_seqlens [B + 1])."""

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from bertserve import custom_ops
 from bertserve.export.weights import BertConfig, BertWeights
 
 TINY_CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -16,18 +17,7 @@ TINY_CONFIG = BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, nu
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def fused_ops_available() -> bool:
-    """True when the fused op library (bertserve.custom_ops) is built and loads."""
-    from bertserve import custom_ops
-
-    try:
-        custom_ops.load_op_library()
-    except (FileNotFoundError, tf.errors.NotFoundError):
-        return False
-    return True
-
-
-needs_fused_ops = pytest.mark.skipif(not fused_ops_available(),
+needs_fused_ops = pytest.mark.skipif(not custom_ops.library_loads(),
                                      reason="bertserve.custom_ops is not built (make ops)")
 VARIANTS = [pytest.param(("fused", p), marks=needs_fused_ops, id=f"fused-{p}") for p in ("fp32", "fp16")] + [
     pytest.param(("stock", p), id=f"stock-{p}") for p in ("fp32", "fp16")]

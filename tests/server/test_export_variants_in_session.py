@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from bertserve import custom_ops
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import BertConfig, BertWeights
@@ -20,19 +21,10 @@ CONFIG = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_atte
                     intermediate_size=64, max_position_embeddings=40)
 
 
-def _fused_available() -> bool:
-    try:
-        from bertserve import custom_ops
-        custom_ops.load_op_library()  # as `bertserve serve` does before loading any model
-        return True
-    except (ImportError, OSError, tf.errors.OpError):
-        return False
-
-
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("variant", ["stock", "fused"])
 def test_export_variant_serves_through_the_session(tmp_path, variant, precision):
-    if variant == "fused" and not _fused_available():
+    if variant == "fused" and not custom_ops.library_loads():
         pytest.skip("op library not built")
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("".join(f"tok{i}\n" for i in range(CONFIG.vocab_size)), encoding="utf-8")

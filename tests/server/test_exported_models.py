@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from bertserve import custom_ops
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import BertConfig, BertWeights
@@ -20,15 +21,6 @@ CONFIG = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_atte
                     intermediate_size=64, max_position_embeddings=40)
 
 
-def _fused_available() -> bool:
-    try:
-        from bertserve import custom_ops
-        custom_ops.load_op_library()
-        return True
-    except (ImportError, OSError, tf.errors.OpError):
-        return False
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[str, list[str]]:
     base = str(tmp_path_factory.mktemp("exported"))
@@ -36,7 +28,7 @@ def exported(tmp_path_factory) -> tuple[str, list[str]]:
     with open(vocab, "w", encoding="utf-8") as handle:
         handle.writelines(f"tok{i}\n" for i in range(CONFIG.vocab_size))
     weights = BertWeights.random(CONFIG, seed=2)
-    variants = ["stock"] + (["fused"] if _fused_available() else [])
+    variants = ["stock"] + (["fused"] if custom_ops.library_loads() else [])
     for variant in variants:
         write_version(build_ranker_module(weights, variant=variant), CONFIG, base, variant, 1,
                       TokenizerSettings(vocab, True, 16))
