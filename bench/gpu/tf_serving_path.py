@@ -96,15 +96,17 @@ class SessionPath:
     def __call__(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.callable(*(inputs[name] for name in INPUT_NAMES))[0]
 
+    def feed_dict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {feed: inputs[name] for feed, name in zip(self.feeds, INPUT_NAMES)}
+
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.session.run(self.fetch, {feed: inputs[name] for feed, name in zip(self.feeds, INPUT_NAMES)})
+        return self.session.run(self.fetch, self.feed_dict(inputs))
 
     def trace(self, inputs: dict[str, np.ndarray], top: int = 12) -> dict:
         """One call with a full trace: the slowest ops per device, host scheduling included (microseconds)."""
         options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         metadata = tf.compat.v1.RunMetadata()
-        self.session.run(self.fetch, {feed: inputs[name] for feed, name in zip(self.feeds, INPUT_NAMES)},
-                         options=options, run_metadata=metadata)
+        self.session.run(self.fetch, self.feed_dict(inputs), options=options, run_metadata=metadata)
         per_device = {}
         for device in metadata.step_stats.dev_stats:
             nodes = [(n.node_name, n.all_end_rel_micros, n.all_start_micros) for n in device.node_stats]
