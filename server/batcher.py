@@ -35,7 +35,6 @@ import threading
 import time
 from typing import Callable, Iterator, Mapping, Protocol
 
-import grpc
 import numpy as np
 
 from bertserve.server.config_files import BatchingOptions
@@ -313,11 +312,14 @@ class BatchingQueue:
             merged = self._merge(live, padded_rows - rows)
             outputs = self._run(merged)
             for name, value in outputs.items():
-                if value.ndim == 0 or value.shape[0] != padded_rows:
-                    raise ServingError(
-                        grpc.StatusCode.INTERNAL,
-                        f"Batched output tensor '{name}' has shape {list(value.shape)}; its 0th dimension must "
-                        f"equal the batch size {padded_rows}")
+                # The signature cannot be batched: FAILED_PRECONDITION, with TF Serving's texts (batching_session).
+                if value.ndim == 0:
+                    raise failed_precondition(f"Batched output tensor has 0 dimensions (output '{name}')")
+                if value.shape[0] != padded_rows:
+                    raise failed_precondition(
+                        f"Batched output tensor's 0th dimension does not equal the sum of the 0th dimension sizes "
+                        f"of the input tensors (output '{name}' has shape {list(value.shape)}, the batch "
+                        f"{padded_rows} rows)")
         except Exception as exc:  # noqa: BLE001 - a failed batch answers each of its requests, never crashes
             error = from_exception(exc)
             if len(live) > 1:

@@ -43,6 +43,7 @@ class ServerOptions:
     load_retry_interval_micros: int = 60 * 1000 * 1000
     prefer_tflite_model: bool = False
     enable_serialization_as_tensor_content: bool = False
+    grpc_front_end_processes: int = 1  # bertserve's own flag (serving_config/README.md)
 
     def effective_grpc_threads(self, max_batch_size: int) -> int:
         """TF Serving's default is 4 x CPUs; its handlers are asynchronous. Here a handler thread waits while its
@@ -84,6 +85,8 @@ _HELP = {
     "prefer_tflite_model": "load model.tflite instead of the SavedModel (not supported here: only false)",
     "enable_serialization_as_tensor_content": "Predict outputs in tensor_content instead of the typed fields "
                                               "(float_val, ...)",
+    "grpc_front_end_processes": "not in tensorflow_model_server: processes that terminate gRPC on --port and "
+                                "forward the calls to this one (1: gRPC in this process)",
 }
 
 
@@ -134,6 +137,11 @@ def parse_flags(argv: list[str]) -> tuple[ServerOptions, list[str]]:
     if options.prefer_tflite_model:
         raise FlagError("--prefer_tflite_model=true is not supported: this server loads SavedModels only "
                         "(TensorFlow Lite models need a tensorflow_model_server build with TFLite)")
+    if options.grpc_front_end_processes < 1:
+        raise FlagError(f"--grpc_front_end_processes must be at least 1, got {options.grpc_front_end_processes}")
+    if options.grpc_front_end_processes > 1 and options.port == 0:
+        raise FlagError("--grpc_front_end_processes above 1 needs --port: the processes share a TCP port (a UNIX "
+                        "socket cannot be shared; the first of them also serves --grpc_socket_path)")
     if options.rest_api_port and options.rest_api_port == options.port:
         raise FlagError("--rest_api_port must differ from --port")
     return options, ignored

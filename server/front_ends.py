@@ -2,18 +2,22 @@
 
 One loop for both: a request is decoded, checked and queued on it and then awaited, so no thread is held per
 request, and the only hand-offs are loop -> batch thread -> loop. Blocking work (unbatched model calls, JSON
-parsing, config reloads) runs on `blocking_threads`.
+parsing, config reloads) runs on `blocking_threads`. gRPC is terminated on this loop too (grpc_processes 1) or by
+that many front-end processes that forward each call's bytes to it (server/front_end_processes.py); either way
+GrpcApi answers the call here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 import threading
+from typing import Callable
 
-from bertserve.server.grpc_service import GrpcFrontEnd
+from bertserve.server.front_end_processes import FrontEndProcesses
+from bertserve.server.grpc_front_end import GrpcFrontEnd
+from bertserve.server.grpc_service import GrpcApi
 from bertserve.server.predict import Predictor
 from bertserve.server.rest import RestApi, RestFrontEnd
 
@@ -30,16 +34,19 @@ class FrontEndOptions:
     prometheus_path: str | None
     drain_grace_seconds: float
     grpc_socket_path: str = ""  # --grpc_socket_path: gRPC on this UNIX socket as well ("": none)
+    grpc_processes: int = 1  # --grpc_front_end_processes: 1 terminates gRPC in this process, N > 1 in N others
 
 
 class FrontEnds:
     """Starts the loop thread and both servers; `stop()` drains them and ends the thread."""
 
-    def __init__(self, options: FrontEndOptions, predictor: Predictor):
-        self.options, self.predictor = options, predictor
+    def __init__(self, options: FrontEndOptions, predictor: Predictor, on_failure: Callable[[str], None]):
+        """on_failure(reason): called (on the loop) when the gRPC front-end processes cannot be kept running;
+        the server must stop."""
+        self.options, self.predictor, self.on_failure = options, predictor, on_failure
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="front_ends", daemon=True)
-        self._grpc: GrpcFrontEnd | None = None
+        self._grpc: GrpcFrontEnd | FrontEndProcesses | None = None
         self._rest: RestFrontEnd | None = None
 
     def start(self) -> None:
@@ -78,9 +85,17 @@ class FrontEnds:
     async def _start(self) -> None:
         options, threads = self.options, self.predictor.blocking_threads
         if options.grpc_port or options.grpc_socket_path:
-            self._grpc = await GrpcFrontEnd.start(options.grpc_port, options.max_in_flight, self.predictor, threads,
-                                                  options.grpc_socket_path)
-            log.info("Running gRPC ModelServer at 0.0.0.0:%d ...", options.grpc_port)
+            api = GrpcApi(self.predictor, options.max_in_flight)
+            if options.grpc_processes > 1:
+                processes = FrontEndProcesses(options.grpc_processes, options.grpc_port, options.grpc_socket_path,
+                                              api, options.drain_grace_seconds, self.on_failure)
+                await processes.start()
+                self._grpc = processes
+            else:
+                self._grpc = await GrpcFrontEnd.start(options.grpc_port, options.grpc_socket_path, api.answer,
+                                                      reuse_port=False)
+            log.info("Running gRPC ModelServer at 0.0.0.0:%d ...%s", options.grpc_port,
+                     f" ({options.grpc_processes} front-end processes)" if options.grpc_processes > 1 else "")
         if options.rest_port:
             api = RestApi(self.predictor, self.predictor.metrics, options.prometheus_path,
                           options.rest_timeout_seconds, threads)

@@ -1,32 +1,35 @@
-"""gRPC front end: PredictionService, ModelService and grpc.health.v1 over the official generated stubs.
+"""TF Serving's gRPC API (PredictionService, ModelService) from a call's request bytes to its answer.
 
-An asyncio server (grpc.aio) on the front ends' event loop: a Predict decodes, validates and joins its batch on
-the loop and then awaits its answer, holding no thread, so a full batch queue is refused UNAVAILABLE at once (as
-TF Serving does) instead of piling up in an executor's queue, and health probes are answered between requests.
-PredictionService RPCs in flight are bounded too (`max_in_flight`: what the batch queues and the model threads
-can hold); beyond it they are refused UNAVAILABLE at once. Health, status and metadata RPCs are not counted, so
-a probe is never refused because of load.
+The gRPC server (server/grpc_front_end.py) hands every call over as bytes, in the main process or from a
+front-end process, and `GrpcApi.answer` parses them with the method's request type, runs it and serializes the
+response: one path for both modes of --grpc_front_end_processes. Bytes that are no valid request of the method's
+type are INVALID_ARGUMENT naming that type.
 
-Adding an RPC: an `async def` method here that awaits the Predictor or, for blocking work, runs it with
-`asyncio.get_running_loop().run_in_executor(self.predictor.blocking_threads, ...)`; a plain `def` method also works
-(gRPC runs it on `blocking_rpc_threads`), at the cost of a thread per call.
+Inference RPCs (Predict, Classify, Regress, MultiInference) in flight are bounded (`max_in_flight`: what the batch
+queues and the model threads can hold); beyond it they are refused UNAVAILABLE at once, as TF Serving refuses a
+full batch queue, instead of piling up. Metadata, status and reload RPCs are not counted, and health is answered
+by the gRPC server itself, so a probe is never refused because of load.
+
+Adding an RPC: an `async def` method here taking (request, deadline) and returning the response message, listed
+in `GrpcApi._handlers`; blocking work runs with
+`asyncio.get_running_loop().run_in_executor(self.predictor.blocking_threads, ...)`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import time
-from typing import Iterator
+from typing import Awaitable, Callable, Iterator
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from google.protobuf import message, message_factory
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_management_pb2,
-                                     model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc)
+                                     model_service_pb2, prediction_service_pb2)
 
-from bertserve.server.errors import ServingError, invalid_argument, unavailable
+from bertserve.server.errors import ServingError, from_exception, invalid_argument, unavailable
+from bertserve.server.grpc_front_end import RpcAnswer
 from bertserve.server.inference import classify, multi_inference, regress
 from bertserve.server.manager import ModelManager
 from bertserve.server.predict import Predictor
@@ -34,6 +37,9 @@ from bertserve.server.tensors import decode_inputs
 
 log = logging.getLogger("bertserve.server")
 SIGNATURE_DEF_FIELD = "signature_def"
+SERVICES = (prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
+            model_service_pb2.DESCRIPTOR.services_by_name["ModelService"])
+OK = grpc.StatusCode.OK.value[0]
 
 
 def _version_and_label(request) -> tuple[int | None, str | None]:
@@ -47,10 +53,6 @@ def _version_and_label(request) -> tuple[int | None, str | None]:
     if has_version and model_spec.version_label:
         raise invalid_argument("model_spec may set version or version_label, not both")
     return (model_spec.version.value if has_version else None), (model_spec.version_label or None)
-
-
-async def _abort(context: grpc.aio.ServicerContext, error: ServingError):
-    await context.abort(error.code, error.message)
 
 
 def model_metadata(manager: ModelManager, name: str, version: int | None, label: str | None,
@@ -72,10 +74,46 @@ def model_metadata(manager: ModelManager, name: str, version: int | None, label:
         return response
 
 
-class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+
+Handler = Callable[[message.Message, "float | None"], Awaitable[message.Message]]
+
+
+class GrpcApi:
+    """Every PredictionService and ModelService method, called with the request's bytes."""
+
     def __init__(self, predictor: Predictor, max_in_flight: int):
-        self.predictor, self.max_in_flight = predictor, max_in_flight
+        self.predictor, self.manager, self.max_in_flight = predictor, predictor.manager, max_in_flight
         self._in_flight = 0  # touched only on the event loop
+        handlers: dict[str, Handler] = {
+            "Predict": self.predict, "Classify": self.classify, "Regress": self.regress,
+            "MultiInference": self.multi_inference, "GetModelMetadata": self.get_model_metadata,
+            "GetModelStatus": self.get_model_status, "HandleReloadConfigRequest": self.reload_config}
+        # full method name -> (request type, handler), from the services' descriptors
+        self._methods: dict[str, tuple[type[message.Message], Handler]] = {
+            f"/{service.full_name}/{method.name}": (message_factory.GetMessageClass(method.input_type),
+                                                     handlers[method.name])
+            for service in SERVICES for method in service.methods}
+
+    async def answer(self, method: str, payload: bytes, seconds_left: float | None) -> RpcAnswer:
+        """Parses, runs and answers one call; failures are statuses (anything unexpected is INTERNAL)."""
+        deadline = None if seconds_left is None else time.monotonic() + seconds_left
+        found = self._methods.get(method)
+        if found is None:
+            return RpcAnswer(grpc.StatusCode.UNIMPLEMENTED.value[0], f"Method not found: {method}", b"")
+        request_type, handler = found
+        try:
+            try:
+                request = request_type.FromString(payload)
+            except message.DecodeError as exc:
+                raise invalid_argument(f"the request is not a valid {request_type.DESCRIPTOR.full_name} "
+                                       f"({len(payload)} bytes): {exc}") from exc
+            response = await handler(request, deadline)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the call's status, never a crash
+            error = from_exception(exc)
+            if not isinstance(exc, ServingError):
+                log.exception("%s failed", method)
+            return RpcAnswer(error.code.value[0], error.message, b"")
+        return RpcAnswer(OK, "", response.SerializeToString())
 
     @contextlib.contextmanager
     def admitted(self) -> Iterator[None]:
@@ -88,75 +126,53 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         finally:
             self._in_flight -= 1
 
-    async def Predict(self, request: predict_pb2.PredictRequest, context: grpc.aio.ServicerContext):
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
-        try:
-            version, label = _version_and_label(request)
-            with self.admitted():
-                result = await self.predictor.predict(
-                    model_name=request.model_spec.name, version=version, label=label,
-                    signature_name=request.model_spec.signature_name,
-                    inputs_of=lambda signature: decode_inputs(signature, request.inputs),
-                    output_filter=list(request.output_filter), deadline=deadline, entrypoint="GRPC")
-        except ServingError as error:
-            await _abort(context, error)
+    async def predict(self, request, deadline: float | None):
+        version, label = _version_and_label(request)
+        with self.admitted():
+            result = await self.predictor.predict(
+                model_name=request.model_spec.name, version=version, label=label,
+                signature_name=request.model_spec.signature_name,
+                inputs_of=lambda signature: decode_inputs(signature, request.inputs),
+                output_filter=list(request.output_filter), deadline=deadline, entrypoint="GRPC")
         return self.predictor.predict_response(result)
 
-    async def GetModelMetadata(self, request, context):
-        try:
-            version, label = _version_and_label(request)
-            return model_metadata(self.predictor.manager, request.model_spec.name, version, label,
-                                  list(request.metadata_field))
-        except ServingError as error:
-            await _abort(context, error)
+    async def get_model_metadata(self, request, deadline: float | None):
+        version, label = _version_and_label(request)
+        return model_metadata(self.manager, request.model_spec.name, version, label, list(request.metadata_field))
 
-    async def Classify(self, request, context):
-        return await self._inference(classify, request, request, context)
+    async def classify(self, request, deadline: float | None):
+        return await self._inference(classify, request, request, deadline)
 
-    async def Regress(self, request, context):
-        return await self._inference(regress, request, request, context)
+    async def regress(self, request, deadline: float | None):
+        return await self._inference(regress, request, request, deadline)
 
-    async def MultiInference(self, request, context):
+    async def multi_inference(self, request, deadline: float | None):
         # TF Serving serves the version the first task names; MultiInferencePlan checks the tasks agree.
         return await self._inference(multi_inference, request, request.tasks[0] if request.tasks else request,
-                                     context)
+                                     deadline)
 
-    async def _inference(self, handler, request, spec_holder, context):
+    async def _inference(self, handler, request, spec_holder, deadline: float | None):
         """Classify, Regress, MultiInference (server/inference.py) with Predict's admission and deadline."""
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
-        try:
-            version, label = _version_and_label(spec_holder)
-            with self.admitted():
-                return await handler(self.predictor, request, version, label, deadline, "GRPC")
-        except ServingError as error:
-            await _abort(context, error)
+        version, label = _version_and_label(spec_holder)
+        with self.admitted():
+            return await handler(self.predictor, request, version, label, deadline, "GRPC")
 
-
-class ModelService(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, manager: ModelManager, blocking_threads: concurrent.futures.Executor):
-        self.manager, self.blocking_threads = manager, blocking_threads
-
-    async def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest, context):
-        try:
-            version, label = _version_and_label(request)
-            statuses = self.manager.version_statuses(request.model_spec.name, version, label)
-        except ServingError as error:
-            await _abort(context, error)
+    async def get_model_status(self, request, deadline: float | None):
+        version, label = _version_and_label(request)
+        statuses = self.manager.version_statuses(request.model_spec.name, version, label)
         return get_model_status_pb2.GetModelStatusResponse(model_version_status=statuses)
 
-    async def HandleReloadConfigRequest(self, request: model_management_pb2.ReloadConfigRequest, context):
+    async def reload_config(self, request, deadline: float | None):
         """Loading models takes seconds: it runs on a thread, so the loop keeps serving meanwhile."""
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.blocking_threads, self._reload, request.config)
-        except ServingError as error:
-            log.error("config reload failed: %s", error)
-            await _abort(context, error)
+            await asyncio.get_running_loop().run_in_executor(self.predictor.blocking_threads, self._reload,
+                                                             request.config)
         except ValueError as error:
             log.error("config reload failed: %s", error)
-            await _abort(context, invalid_argument(str(error)))
+            raise invalid_argument(str(error)) from error
+        except ServingError as error:
+            log.error("config reload failed: %s", error)
+            raise
         log.info("config reloaded: models %s", ", ".join(self.manager.model_names()))
         return model_management_pb2.ReloadConfigResponse()
 
@@ -164,49 +180,3 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self.manager.apply_config(config)
         self.manager.poll()
         self.manager.check_labels()
-
-
-SERVICES = ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService")
-
-
-class GrpcFrontEnd:
-    """The gRPC server on the running event loop; health says NOT_SERVING until told otherwise."""
-
-    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer):
-        self.server, self.health = server, health_servicer
-
-    @classmethod
-    async def start(cls, port: int, max_in_flight: int, predictor: Predictor,
-                    blocking_threads: concurrent.futures.ThreadPoolExecutor, unix_socket: str = "") -> "GrpcFrontEnd":
-        """Listens on `port` (0: none) and `unix_socket` ("": none) (OSError if it cannot); call from the event
-        loop that will serve it."""
-        server = grpc.aio.server(migration_thread_pool=blocking_threads,
-                                 options=[("grpc.max_receive_message_length", -1),
-                                          ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
-        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(predictor, max_in_flight), server)
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(predictor.manager, blocking_threads), server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        for address in ([f"0.0.0.0:{port}"] if port else []) + ([f"unix:{unix_socket}"] if unix_socket else []):
-            try:
-                bound = server.add_insecure_port(address)
-            except RuntimeError as exc:  # grpc.aio raises where the sync server returned 0
-                raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
-            if bound == 0:
-                raise OSError(f"cannot listen for gRPC on {address}")
-        for service in SERVICES:
-            await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await server.start()
-        return cls(server, health_servicer)
-
-    async def set_health(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for service in SERVICES:
-            await self.health.set(service, status)
-
-    async def stop(self, grace_seconds: float) -> None:
-        """Health says NOT_SERVING, new RPCs are refused, RPCs in flight get `grace_seconds` to finish."""
-        await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_seconds)

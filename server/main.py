@@ -128,12 +128,14 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
         max_workers=max(grpc_threads, options.effective_rest_threads()), thread_name_prefix="blocking")
     predictor = Predictor(manager, metrics, blocking_threads,
                           tensor_content=options.enable_serialization_as_tensor_content)
+    failures: list[str] = []  # why the front ends could not go on (the server then exits non-zero)
     front_ends = FrontEnds(FrontEndOptions(
         grpc_port=options.port, rest_port=options.rest_api_port,
         max_in_flight=UNBATCHED_WAITING_PER_THREAD * grpc_threads + (requests_held(batching) if batching else 0),
         rest_slots=options.effective_rest_threads(), rest_timeout_seconds=options.rest_api_timeout_in_ms / 1000.0,
         prometheus_path=prometheus_path, drain_grace_seconds=DRAIN_GRACE_SECONDS,
-        grpc_socket_path=options.grpc_socket_path), predictor)
+        grpc_socket_path=options.grpc_socket_path, grpc_processes=options.grpc_front_end_processes), predictor,
+        on_failure=lambda reason: (failures.append(reason), stop.set()))
     try:
         front_ends.start()
     except OSError as exc:
@@ -152,6 +154,9 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
     front_ends.stop()
     manager.shutdown()
     blocking_threads.shutdown()
+    if failures:
+        log.error("stopped: %s", failures[0])
+        return 1
     log.info("stopped")
     return 0
 

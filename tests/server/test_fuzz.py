@@ -132,12 +132,15 @@ def test_malformed_requests_get_errors_only_and_memory_stays_bounded(server):
     grpc_codes = codes(structured)
     assert grpc_codes <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                           grpc.StatusCode.FAILED_PRECONDITION}, grpc_codes
-    # Bytes that are no PredictRequest fail in gRPC's own deserializer (grpc.aio answers UNKNOWN there, the sync
-    # server INTERNAL), or parse as a request with an empty model spec (INVALID_ARGUMENT, as TF Serving) or one
-    # naming no loaded model (NOT_FOUND): never OK.
+    # Random bytes are no PredictRequest (INVALID_ARGUMENT naming the type), or parse as one with an empty model
+    # spec (INVALID_ARGUMENT, as TF Serving) or naming no loaded model (NOT_FOUND): never OK, never UNKNOWN.
     garbage_codes = codes(garbage)
-    assert garbage_codes <= {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT,
-                             grpc.StatusCode.NOT_FOUND}, garbage_codes
+    assert garbage_codes <= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}, garbage_codes
+    # A truncated length-delimited field cannot parse at all.
+    with pytest.raises(grpc.RpcError) as unparsable:
+        raw(b"\x0a\xff\x01", timeout=60)
+    assert unparsable.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid tensorflow.serving.PredictRequest" in unparsable.value.details()
     http_codes = set()
     for i in range(REST_CASES):
         reply = _malformed_rest(rng, i % 14, server.rest)

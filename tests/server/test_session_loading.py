@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -41,6 +42,16 @@ def test_tf1_model_that_function_loading_refuses_serves_every_version(tf_serving
     # Outputs that are the reference-typed variables themselves (scalars: no batching on this server).
     reply = server.predict.Predict(_predict("half_plus_two", "variables", 123, x=x), timeout=60)
     assert (float(tensor(reply.outputs["a"])), float(tensor(reply.outputs["b"]))) == (0.5, 2.0)
+
+
+def test_batched_output_without_batch_dimension_is_failed_precondition(tf_serving_server):
+    """As TF Serving's batching session: every output of a batched signature needs the batch dimension; the
+    reference-typed scalars of "variables" lack it, and the request says so instead of failing as INTERNAL."""
+    x = np.array([[1.0], [2.0]], np.float32)
+    with pytest.raises(grpc.RpcError) as info:
+        tf_serving_server.predict.Predict(_predict("half_plus_two", "variables", 123, x=x), timeout=60)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, info.value.details()
+    assert "Batched output tensor has 0 dimensions" in info.value.details()
 
 
 def test_tf2_model_serves_through_the_session(tf_serving_server_unbatched):

@@ -1,0 +1,183 @@
+"""--grpc_front_end_processes=N (N > 1): N gRPC front-end processes on the gRPC port, answered by this process.
+
+grpc.aio's own per-call work (HTTP/2, its Cython layer) costs far more CPU than what this server does with a
+request, and one Python process runs it on one core. So N processes terminate gRPC on the same port
+(SO_REUSEPORT) and forward each call's bytes here (server/front_end_process.py, server/forwarding.py); this
+process parses and answers them with the same GrpcApi as the single-process mode, on the front ends' event
+loop beside REST, so models, batch queues, the in-flight bound, metrics and health stay in one place.
+
+A front-end process that exits or whose link breaks is noticed at once: its calls here are cancelled and it is
+started again. More than MAX_RESTARTS restarts within RESTART_WINDOW_SECONDS, or a replacement that cannot
+listen, is a failure of the server: health turns NOT_SERVING and `on_failure` is told (the server then exits
+non-zero), rather than a server that looks healthy while its port drops calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from bertserve.server import forwarding
+from bertserve.server.forwarding import FrameLink, Kind
+from bertserve.server.grpc_service import GrpcApi
+
+log = logging.getLogger("bertserve.server")
+START_TIMEOUT_SECONDS = 60.0
+MAX_RESTARTS, RESTART_WINDOW_SECONDS = 5, 60.0
+# After the drain grace, time for the front ends to close their calls and exit before they are killed.
+EXIT_MARGIN_SECONDS = 5.0
+
+
+@dataclasses.dataclass
+class _FrontEnd:
+    index: int
+    process: asyncio.subprocess.Process
+    link: FrameLink
+    ready: asyncio.Future
+    calls: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)  # call id -> its answering task
+
+
+class FrontEndProcesses:
+    """Starts, watches, restarts and drains the front-end processes; answers their calls on this loop."""
+
+    def __init__(self, count: int, port: int, unix_socket: str, api: GrpcApi, drain_grace_seconds: float,
+                 on_failure: Callable[[str], None]):
+        self.count, self.port, self.unix_socket, self.api = count, port, unix_socket, api
+        self.drain_grace_seconds, self.on_failure = drain_grace_seconds, on_failure
+        self._front_ends: dict[int, _FrontEnd] = {}
+        self._watchers: set[asyncio.Task] = set()
+        self._restarts: list[float] = []
+        self._serving = False
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Starts every front end and waits until each listens; OSError (after stopping them) if one cannot."""
+        try:
+            for index in range(self.count):
+                await self._spawn(index)
+            await self._wait_ready(list(self._front_ends.values()))
+        except BaseException:
+            await self.stop(0)
+            raise
+
+    async def set_health(self, serving: bool) -> None:
+        self._serving = serving
+        for front_end in self._front_ends.values():
+            front_end.link.send(forwarding.flag_frame(Kind.HEALTH, serving))
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Each front end refuses new calls and gets `grace_seconds` for those in flight (answered here
+        meanwhile), then exits; one that does not exit in time is killed."""
+        self._stopping = True
+        front_ends = list(self._front_ends.values())
+        for front_end in front_ends:
+            front_end.link.send(forwarding.bare_frame(Kind.DRAIN))
+        exits = [asyncio.ensure_future(front_end.process.wait()) for front_end in front_ends]
+        if exits:
+            _, late = await asyncio.wait(exits, timeout=grace_seconds + EXIT_MARGIN_SECONDS)
+            for front_end in front_ends:
+                if front_end.process.returncode is None:
+                    log.error("gRPC front end %d did not exit after the drain; killing it", front_end.index)
+                    front_end.process.kill()
+            await asyncio.gather(*exits)
+        for front_end in front_ends:
+            front_end.link.close()
+        for watcher in list(self._watchers):
+            await watcher
+
+    async def _spawn(self, index: int) -> _FrontEnd:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bertserve.server.front_end_process", f"--link_fd={theirs.fileno()}",
+                f"--index={index}", f"--port={self.port}",
+                # a UNIX socket cannot be shared: the first front end serves it
+                f"--grpc_socket_path={self.unix_socket if index == 0 else ''}",
+                f"--drain_grace_seconds={self.drain_grace_seconds}",
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        holder: list[_FrontEnd] = []
+        _, link = await loop.connect_accepted_socket(
+            lambda: FrameLink(lambda kind, frame, start, end: self._on_frame(holder[0], kind, frame, start, end),
+                              lambda: self._link_lost(holder[0])), sock=ours)
+        front_end = _FrontEnd(index, process, link, loop.create_future())
+        holder.append(front_end)
+        self._front_ends[index] = front_end
+        link.send(forwarding.flag_frame(Kind.HEALTH, self._serving))
+        watcher = loop.create_task(self._watch(front_end))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        return front_end
+
+    async def _wait_ready(self, front_ends: list[_FrontEnd]) -> None:
+        try:
+            await asyncio.wait_for(asyncio.gather(*(front_end.ready for front_end in front_ends)),
+                                   START_TIMEOUT_SECONDS)
+        except asyncio.TimeoutError:
+            raise OSError(f"gRPC front-end processes not listening after {START_TIMEOUT_SECONDS:.0f} s") from None
+
+    def _on_frame(self, front_end: _FrontEnd, kind: Kind, frame: bytes, start: int, end: int) -> None:
+        if kind == Kind.CALL:
+            call_id, method, seconds_left, payload = forwarding.parse_call(frame, start, end)
+            front_end.calls[call_id] = asyncio.get_running_loop().create_task(
+                self._answer(front_end, call_id, method, payload, seconds_left))
+        elif kind == Kind.CANCEL:
+            task = front_end.calls.pop(forwarding.CALL_ID.unpack_from(frame, start)[0], None)
+            if task is not None:
+                task.cancel()
+        elif kind == Kind.READY and not front_end.ready.done():
+            front_end.ready.set_result(None)
+
+    async def _answer(self, front_end: _FrontEnd, call_id: int, method: str, payload: bytes,
+                      seconds_left: float | None) -> None:
+        try:
+            answer = await self.api.answer(method, payload, seconds_left)
+        finally:
+            front_end.calls.pop(call_id, None)
+        front_end.link.send(forwarding.answer_frame(call_id, *answer))
+
+    def _link_lost(self, front_end: _FrontEnd) -> None:
+        """Its calls cannot be answered any more; a process without its link is of no use, so it goes too."""
+        for task in front_end.calls.values():
+            task.cancel()
+        front_end.calls.clear()
+        if front_end.process.returncode is None and not self._stopping:  # when stopping, it closes it as it exits
+            front_end.process.kill()
+
+    async def _watch(self, front_end: _FrontEnd) -> None:
+        code = await front_end.process.wait()
+        front_end.link.close()
+        if not front_end.ready.done():
+            # It never listened: whoever waits for it (start, or the watcher restarting it) reports that.
+            front_end.ready.set_exception(OSError(
+                f"gRPC front end {front_end.index} exited with code {code} before it listened (see its log above)"))
+            front_end.ready.exception()  # marked retrieved: during a stop nobody waits for it
+            return
+        if self._stopping:
+            return
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
+        if len(self._restarts) > MAX_RESTARTS:
+            await self._fail(f"gRPC front end {front_end.index} {how}, its restart number {len(self._restarts)} "
+                             f"within {RESTART_WINDOW_SECONDS:.0f} s")
+            return
+        log.error("gRPC front end %d (pid %d) %s; starting it again", front_end.index, front_end.process.pid, how)
+        try:
+            await self._wait_ready([await self._spawn(front_end.index)])
+        except OSError as exc:
+            if not self._stopping:
+                await self._fail(str(exc))
+
+    async def _fail(self, reason: str) -> None:
+        log.error("%s: the server stops", reason)
+        await self.set_health(False)
+        self.on_failure(reason)

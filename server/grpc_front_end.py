@@ -1,0 +1,96 @@
+"""The gRPC server itself: terminates gRPC and hands every call on as bytes, whatever its method.
+
+Used the same way in both modes of `--grpc_front_end_processes`: in the main process (1, the default) `answer` is
+the API's own (server/grpc_service.py); in each front-end process (N > 1) it forwards the call to the main
+process (server/front_end_process.py). No handler deserializes anything, so every method (Predict, Classify,
+Regress, MultiInference, metadata, status, reload) is parsed, checked and answered by the same code in both
+modes. Health (grpc.health.v1, with its streaming Watch) is served here from the state the main process sets.
+
+This module imports no TensorFlow: a front-end process starts in well under a second and stays small.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable, NamedTuple
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+log = logging.getLogger("bertserve.server")
+HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+HEALTH_SERVICES = ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService")
+_STATUS_BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class RpcAnswer(NamedTuple):
+    """A call's outcome: gRPC status code number, its details (empty on OK) and the serialized response."""
+    code: int
+    details: str
+    body: bytes
+
+
+# (full method name, request bytes, seconds left before the call's deadline or None) -> its answer
+Answer = Callable[[str, bytes, "float | None"], Awaitable[RpcAnswer]]
+
+
+class _EveryMethod(grpc.GenericRpcHandler):
+    """A unary handler without (de)serializers for any method but health's: the answer decides what exists
+    (an unknown method is UNIMPLEMENTED there, as gRPC answers it)."""
+
+    def __init__(self, answer: Answer):
+        self._answer = answer
+
+    def service(self, handler_call_details):
+        method = handler_call_details.method
+        if method.startswith(HEALTH_METHOD_PREFIX):
+            return None
+        answer = self._answer
+
+        async def call(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            code, details, body = await answer(method, payload, context.time_remaining())
+            if code:
+                await context.abort(_STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN), details)
+            return body
+
+        return grpc.unary_unary_rpc_method_handler(call)
+
+
+class GrpcFrontEnd:
+    """The gRPC server on the running event loop; health says NOT_SERVING until told otherwise."""
+
+    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer):
+        self.server, self.health = server, health_servicer
+
+    @classmethod
+    async def start(cls, port: int, unix_socket: str, answer: Answer, reuse_port: bool) -> "GrpcFrontEnd":
+        """Listens on `port` (0: none) and `unix_socket` ("": none), OSError if it cannot; call from the event loop
+        that will serve it. reuse_port: share the port with the other front-end processes (SO_REUSEPORT; the
+        kernel spreads connections over them). Without it a port already taken is an error, not a shared port."""
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1),
+                                          ("grpc.max_send_message_length", -1),
+                                          ("grpc.so_reuseport", int(reuse_port))])
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        server.add_generic_rpc_handlers((_EveryMethod(answer),))
+        for address in ([f"0.0.0.0:{port}"] if port else []) + ([f"unix:{unix_socket}"] if unix_socket else []):
+            try:
+                bound = server.add_insecure_port(address)
+            except RuntimeError as exc:  # grpc.aio raises where the sync server returned 0
+                raise OSError(f"cannot listen for gRPC on {address}: {exc}") from exc
+            if bound == 0:
+                raise OSError(f"cannot listen for gRPC on {address}")
+        for service in HEALTH_SERVICES:
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        return cls(server, health_servicer)
+
+    async def set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in HEALTH_SERVICES:
+            await self.health.set(service, status)
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Health says NOT_SERVING, new RPCs are refused, RPCs in flight get `grace_seconds` to finish."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_seconds)

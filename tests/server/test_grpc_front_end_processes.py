@@ -1,0 +1,181 @@
+"""--grpc_front_end_processes=N: N processes terminate gRPC on the shared port and forward each call's bytes to the
+main process. Real processes, the real gRPC server and the official stubs: calls spread over the front ends and
+answer as in one process, bad bytes are INVALID_ARGUMENT, a full queue UNAVAILABLE at once, a killed front end is
+replaced, and SIGTERM drains the calls in flight."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, prediction_service_pb2_grpc)
+
+from serving_harness import ServerProcess
+from tiny_models import direct_scores, predict_request, tensor, token_inputs
+
+PREDICT = "/tensorflow.serving.PredictionService/Predict"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def _channels(target: str, count: int) -> list[grpc.Channel]:
+    """`count` channels with a connection each (gRPC shares one connection among identical channels otherwise):
+    the kernel hands each new connection to one of the front-end processes."""
+    return [grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(count)]
+
+
+def _front_ends(server: ServerProcess) -> list[psutil.Process]:
+    return psutil.Process(server.proc.pid).children()
+
+
+def _healthy(channel: grpc.Channel) -> bool:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    return reply.status == SERVING
+
+
+@pytest.fixture(scope="module")
+def server(models_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("front_end_processes")
+    (folder / "batching.txt").write_text("max_batch_size { value: 16 } batch_timeout_micros { value: 1000 }")
+    process = ServerProcess("--model_name=tiny", f"--model_base_path={models_dir}/tiny", "--enable_batching",
+                            f"--batching_parameters_file={folder / 'batching.txt'}", "--grpc_front_end_processes=3",
+                            f"--grpc_socket_path={folder / 'grpc.sock'}", log_dir=str(folder)).wait_ready()
+    process.socket_path = str(folder / "grpc.sock")
+    yield process
+    assert process.terminate() == 0
+
+
+def test_calls_spread_over_front_ends_and_answer_as_one_process(server, models_dir):
+    inputs = token_inputs(3, 8, seed=5)
+    expected = direct_scores(os.path.join(models_dir, "tiny", "2"), inputs)
+    channels = _channels(server.target, 12) + [grpc.insecure_channel(f"unix:{server.socket_path}")]
+    try:
+        futures = [prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.future(
+            predict_request("tiny", inputs), timeout=60) for channel in channels]
+        for future in futures:
+            reply = future.result()
+            assert reply.model_spec.version.value == 2
+            np.testing.assert_allclose(tensor(reply.outputs["scores"]), expected, rtol=1e-5)
+        front_ends = _front_ends(server)
+        assert len(front_ends) == 3
+        holding = [p.pid for p in front_ends if any(c.status == psutil.CONN_ESTABLISHED and c.laddr.port ==
+                                                    server.grpc_port for c in p.net_connections("tcp"))]
+        assert len(holding) >= 2, f"12 connections all went to front end {holding}"
+        assert not any(c.status == psutil.CONN_LISTEN and c.laddr.port == server.grpc_port
+                       for c in psutil.Process(server.proc.pid).net_connections("tcp"))
+    finally:
+        for channel in channels:
+            channel.close()
+    # Every other API goes the same way: metadata, status, health.
+    metadata = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    metadata.model_spec.name = "tiny"
+    assert server.predict.GetModelMetadata(metadata, timeout=30).model_spec.version.value == 2
+    status = get_model_status_pb2.GetModelStatusRequest()
+    status.model_spec.name = "tiny"
+    assert {s.version for s in server.models.GetModelStatus(status, timeout=30).model_version_status} == {2}
+    assert _healthy(server.channel)
+
+
+def test_unparsable_bytes_are_invalid_argument_and_fail_no_other_call(server):
+    good = predict_request("tiny", token_inputs(2, 8))
+    predict = server.channel.unary_unary(PREDICT)
+    status = server.channel.unary_unary("/tensorflow.serving.ModelService/GetModelStatus")
+    bad = [predict.future(b"\x0a\xff\x01", timeout=60) for _ in range(20)]
+    goods = [server.predict.Predict.future(good, timeout=60) for _ in range(20)]
+    for future in bad:
+        with pytest.raises(grpc.RpcError) as info:
+            future.result()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid tensorflow.serving.PredictRequest" in info.value.details()
+    assert all(future.result().outputs["scores"].tensor_shape.dim[0].size == 2 for future in goods)
+    with pytest.raises(grpc.RpcError) as info:
+        status(b"\xff", timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tensorflow.serving.GetModelStatusRequest" in info.value.details()
+
+
+def test_killed_front_end_is_replaced(server):
+    victim = _front_ends(server)[1]
+    victim.kill()
+    deadline = time.monotonic() + 30
+    while True:
+        front_ends = _front_ends(server)
+        if len(front_ends) == 3 and victim.pid not in {p.pid for p in front_ends}:
+            break
+        assert time.monotonic() < deadline, f"front ends {front_ends} after killing {victim.pid}"
+        time.sleep(0.2)
+    assert "was killed by signal 9; starting it again" in server.log()
+    assert server.proc.poll() is None
+    channels = _channels(server.target, 6)
+    try:
+        for channel in channels:
+            time_left = time.monotonic() + 10  # the replacement starts listening shortly after it appears
+            while True:
+                try:
+                    assert _healthy(channel)
+                    break
+                except grpc.RpcError:
+                    assert time.monotonic() < time_left
+                    time.sleep(0.2)
+            reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
+                predict_request("tiny", token_inputs(1, 8)), timeout=60)
+            assert reply.outputs["scores"].tensor_shape.dim[0].size == 1
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_full_queue_refuses_deadlines_hold_and_sigterm_drains(models_dir, tmp_path, start_server):
+    (tmp_path / "batching.txt").write_text(
+        "max_batch_size { value: 8 } max_enqueued_batches { value: 2 } num_batch_threads { value: 1 } "
+        "batch_timeout_micros { value: 0 }")
+    server = start_server("--model_name=slow", f"--model_base_path={models_dir}/slow", "--enable_batching",
+                          f"--batching_parameters_file={tmp_path / 'batching.txt'}", "--grpc_front_end_processes=2")
+    request = predict_request("slow", token_inputs(1, 8))
+    channels = _channels(server.target, 4)
+    stubs = [prediction_service_pb2_grpc.PredictionServiceStub(channel) for channel in channels]
+
+    # Backpressure: 300 at once against a queue of 16 rows: most refused UNAVAILABLE, and refused at once.
+    answered: list[tuple[grpc.StatusCode, float]] = []
+    lock = threading.Lock()
+
+    def record(future, sent: float) -> None:
+        with lock:
+            answered.append((future.code(), time.monotonic() - sent))
+
+    futures = []
+    for i in range(300):
+        sent = time.monotonic()
+        future = stubs[i % len(stubs)].Predict.future(request, timeout=30)
+        future.add_done_callback(lambda f, sent=sent: record(f, sent))
+        futures.append(future)
+    assert _healthy(channels[0])
+    for future in futures:
+        future.exception()  # waits
+    codes = {code for code, _ in answered}
+    assert codes == {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
+    refused = sorted(seconds for code, seconds in answered if code == grpc.StatusCode.UNAVAILABLE)
+    assert len(refused) > 150 and refused[len(refused) // 2] < 2.0, refused[len(refused) // 2]
+
+    # The client's deadline reaches the main process: a call that cannot finish in time ends DEADLINE_EXCEEDED.
+    with pytest.raises(grpc.RpcError) as info:
+        stubs[0].Predict(request, timeout=0.05)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    # SIGTERM: the calls in flight still get their answers, then every process exits.
+    front_ends = _front_ends(server)
+    in_flight = [stubs[i % len(stubs)].Predict.future(request, timeout=60) for i in range(6)]
+    time.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)
+    for future in in_flight:
+        assert future.result().model_spec.name == "slow"
+    assert server.proc.wait(60) == 0
+    assert not [p for p in front_ends if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    for channel in channels:
+        channel.close()
