@@ -191,11 +191,6 @@ template <typename T>
 void Encoder(const EncoderDims& dims, const EncoderWeights<T>& w, const PackedBatch& batch, T* hidden,
              void* workspace, GemmContext* gemm, void* stream, T* first_tokens = nullptr);
 
-// host[0:count] -> device, enqueued on stream in the parameters of a kernel that writes them (1,000 a launch): they
-// are copied at the launch, so the source may be reused at once, and no pageable copy goes through the copy engine
-// (a cudaMemcpyAsync from pinned memory, which TF may hand a host-memory input in, would read it later).
-void CopyIndicesToDevice(const int32_t* host, int64_t count, int32_t* device, void* stream);
-
 // Device memory kept between calls, the arena CUDA graphs run on (kernels/cuda/graph_cache.h): TensorFlow's
 // allocator in the TF kernel, cudaMalloc in the C ABI. It goes back when the last copy of the pointer does.
 using DeviceAllocator = std::function<std::shared_ptr<void>(int64_t bytes)>;

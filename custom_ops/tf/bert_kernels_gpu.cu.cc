@@ -1,7 +1,7 @@
 // GPU OpKernels of the fused BERT ops (Device(DEVICE_GPU), float and half): validate on the host with the same
 // checks as the CPU kernels (bert_op_inputs), allocate through TensorFlow, copy the host-side index data the
-// contract keeps in host memory (ids, mask, cu_seqlens) to the device on TensorFlow's own stream, and call the
-// CUDA core. Nothing here waits for the device: token counts and launch shapes come from host memory.
+// contract keeps in host memory (ids, mask, cu_seqlens) to the device on TensorFlow's own stream in one transfer
+// (cuda::CopyIndicesToDevice), and call the CUDA core. Nothing here waits for the device: token counts and launch shapes come from host memory.
 //
 // Built by `custom_ops/kernels/cuda/build.sh OUT --tf` into _bert_ops_gpu.so, loaded after _bert_ops.so (which
 // registers the ops). The core is built with CUDA 13 and links its runtime statically; it runs on the stream
@@ -18,6 +18,7 @@
 #include "custom_ops/kernels/bert_core.h"
 #include "custom_ops/kernels/cuda/gemm.h"
 #include "custom_ops/kernels/cuda/graph_cache.h"
+#include "custom_ops/kernels/cuda/host_staging.h"
 #include "custom_ops/tf/bert_op_inputs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -53,10 +54,16 @@ absl::Status CallCore(const Fn& fn) {
   }
 }
 
-// A device copy of host int32 data (cuda::CopyIndicesToDevice), enqueued on the op's stream.
-absl::Status ToDevice(OpKernelContext* ctx, const int32_t* host, int64_t count, Tensor* device) {
+// One device copy of host int32 arrays, one after another (cuda::CopyIndicesToDevice: one transfer on the op's
+// stream whatever their size).
+absl::Status ToDevice(OpKernelContext* ctx, std::initializer_list<cuda::IndexSpan> spans, cuda::PinnedStaging& staging,
+                      Tensor* device) {
+  int64_t count = 0;
+  for (const cuda::IndexSpan& span : spans) count += span.count;
   TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT32, TensorShape({count}), device));
-  return CallCore([&] { cuda::CopyIndicesToDevice(host, count, device->flat<int32_t>().data(), StreamOf(ctx)); });
+  return CallCore([&] {
+    cuda::CopyIndicesToDevice(spans, device->flat<int32_t>().data(), staging, static_cast<cudaStream_t>(StreamOf(ctx)));
+  });
 }
 
 template <typename T>
@@ -78,20 +85,24 @@ class BertEmbeddingGpuOp : public OpKernel {
     Tensor* hidden = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch.num_tokens, weights.hidden}), &hidden));
     if (batch.num_tokens == 0) return;
-    Tensor ids_device, segments_device, cu_device;
-    OP_REQUIRES_OK(ctx, ToDevice(ctx, ids.flat<int32_t>().data(), ids.NumElements(), &ids_device));
-    OP_REQUIRES_OK(ctx, ToDevice(ctx, ctx->input(1).flat<int32_t>().data(), ids.NumElements(), &segments_device));
-    OP_REQUIRES_OK(ctx, ToDevice(ctx, batch.cu_seqlens_host, batch.batch + 1, &cu_device));
-    batch.cu_seqlens_device = cu_device.flat<int32_t>().data();
+    const int64_t n = ids.NumElements();
+    Tensor indices;  // ids, segment ids, cu_seqlens
+    OP_REQUIRES_OK(ctx, ToDevice(ctx,
+                                 {{ids.flat<int32_t>().data(), n},
+                                  {ctx->input(1).flat<int32_t>().data(), n},
+                                  {batch.cu_seqlens_host, batch.batch + 1}},
+                                 staging_, &indices));
+    const int32_t* ids_device = indices.flat<int32_t>().data();
+    batch.cu_seqlens_device = ids_device + 2 * n;
     OP_REQUIRES_OK(ctx, CallCore([&] {
-                     cuda::Embedding(weights, ids_device.flat<int32_t>().data(),
-                                     segments_device.flat<int32_t>().data(), ids.dim_size(1), batch,
+                     cuda::Embedding(weights, ids_device, ids_device + n, ids.dim_size(1), batch,
                                      CoreData<T>(hidden), StreamOf(ctx));
                    }));
   }
 
  private:
   float epsilon_;
+  cuda::PinnedStaging staging_;
 };
 
 // TensorFlow's allocator for the device the op runs on, as the core's arenas take it. An arena stays allocated while
@@ -217,12 +228,15 @@ class BertRemovePaddingGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch.num_tokens, h}), &output));
     if (batch.num_tokens == 0) return;
     Tensor cu_device;
-    OP_REQUIRES_OK(ctx, ToDevice(ctx, batch.cu_seqlens_host, b + 1, &cu_device));
+    OP_REQUIRES_OK(ctx, ToDevice(ctx, {{batch.cu_seqlens_host, b + 1}}, staging_, &cu_device));
     batch.cu_seqlens_device = cu_device.flat<int32_t>().data();
     OP_REQUIRES_OK(ctx, CallCore([&] {
                      cuda::RemovePadding(CoreData<T>(input), s, h, batch, CoreData<T>(output), StreamOf(ctx));
                    }));
   }
+
+ private:
+  cuda::PinnedStaging staging_;
 };
 
 template <typename T>
@@ -251,12 +265,15 @@ class BertRebuildPaddingGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({b, s, h}), &output));
     if (output->NumElements() == 0) return;
     Tensor cu_device;
-    OP_REQUIRES_OK(ctx, ToDevice(ctx, batch.cu_seqlens_host, b + 1, &cu_device));
+    OP_REQUIRES_OK(ctx, ToDevice(ctx, {{batch.cu_seqlens_host, b + 1}}, staging_, &cu_device));
     batch.cu_seqlens_device = cu_device.flat<int32_t>().data();
     OP_REQUIRES_OK(ctx, CallCore([&] {
                      cuda::RebuildPadding(CoreData<T>(input), s, h, batch, CoreData<T>(output), StreamOf(ctx));
                    }));
   }
+
+ private:
+  cuda::PinnedStaging staging_;
 };
 
 template <typename T>
@@ -274,13 +291,16 @@ class BertGatherFirstTokenGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch.batch, input.dim_size(1)}), &output));
     if (output->NumElements() == 0) return;
     Tensor cu_device;
-    OP_REQUIRES_OK(ctx, ToDevice(ctx, batch.cu_seqlens_host, batch.batch + 1, &cu_device));
+    OP_REQUIRES_OK(ctx, ToDevice(ctx, {{batch.cu_seqlens_host, batch.batch + 1}}, staging_, &cu_device));
     batch.cu_seqlens_device = cu_device.flat<int32_t>().data();
     OP_REQUIRES_OK(ctx, CallCore([&] {
                      cuda::GatherFirstToken(CoreData<T>(input), input.dim_size(1), batch, CoreData<T>(output),
                                             StreamOf(ctx));
                    }));
   }
+
+ private:
+  cuda::PinnedStaging staging_;
 };
 
 // Index inputs and outputs live in host memory (the contract's HostMemory allowance): the host decides token
@@ -317,10 +337,11 @@ BERTSERVE_REGISTER_GPU(Eigen::half)
 }  // namespace tf
 }  // namespace bertserve
 
-// Process-wide counts of the encoder's CUDA graphs (cuda::GraphsCaptured and the others, graph_cache.h) and the
-// device's memory in use, for tests and benchmarks to read through ctypes from this library: whether a warmed-up
-// model captures no new graph, whether the caches stay within their bound, whether memory outside TensorFlow's
-// allocator (graphs, capture streams) goes back when a model is unloaded.
+// Process-wide counts of the encoder's CUDA graphs (cuda::GraphsCaptured and the others, graph_cache.h), the pinned
+// host memory of the index staging pools (host_staging.h) and the device's memory in use, for tests and benchmarks
+// to read through ctypes from this library: whether a warmed-up model captures no new graph, whether the caches stay
+// within their bound, whether memory outside TensorFlow's allocator (graphs, capture streams, pinned staging) goes
+// back when a model is unloaded.
 extern "C" {
 __attribute__((visibility("default"))) int64_t bertserve_graphs_captured() {
   return bertserve::cuda::GraphsCaptured();
@@ -331,6 +352,9 @@ __attribute__((visibility("default"))) int64_t bertserve_most_graphs_held_per_st
 }
 __attribute__((visibility("default"))) int64_t bertserve_max_graphs_per_stream() {
   return static_cast<int64_t>(bertserve::cuda::kMaxGraphsPerStream);
+}
+__attribute__((visibility("default"))) int64_t bertserve_pinned_staging_bytes() {
+  return bertserve::cuda::PinnedStagingBytes();
 }
 // Bytes in use on the calling thread's current device (cudaMemGetInfo: total - free, every allocator's), or -1.
 __attribute__((visibility("default"))) int64_t bertserve_device_bytes_in_use() {

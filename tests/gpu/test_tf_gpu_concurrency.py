@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tf_gpu_testing import (TOLERANCE, VARIANTS, carried, device_bytes_in_use, gpu_only, graphs_captured, graphs_held,
                             load_saved_model, max_abs, max_graphs_per_stream, most_graphs_held_per_stream,
-                            needs_device, on_gpu, run_threads, tf_bytes_in_use)
+                            needs_device, on_gpu, pinned_staging_bytes, run_threads, tf_bytes_in_use)
 
 from bertserve.model_dir import OUTPUT_NAME, SIGNATURE_NAME
 
@@ -45,7 +45,7 @@ def test_eight_threads_equal_single_threaded_bit_for_bit(tf_served, tf_pool, var
 
 def memory_sample(calls: int) -> dict[str, int]:
     return {"calls": calls, "tf_bytes": tf_bytes_in_use(), "device_bytes": device_bytes_in_use(),
-            "graphs_held": graphs_held(), "graphs_captured": graphs_captured()}
+            "graphs_held": graphs_held(), "graphs_captured": graphs_captured(), "pinned_bytes": pinned_staging_bytes()}
 
 
 @gpu_only
@@ -72,7 +72,8 @@ def test_random_shapes_level_off_in_memory_and_graphs(tf_served, tf_pool):
     bound = max_graphs_per_stream()
     for s in samples:
         print(f"after {s['calls']:>6} calls: TF {s['tf_bytes'] / MIB:9.1f} MiB, device {s['device_bytes'] / MIB:9.1f}"
-              f" MiB, graphs held {s['graphs_held']}, captured {s['graphs_captured'] - captured_before}")
+              f" MiB, graphs held {s['graphs_held']}, captured {s['graphs_captured'] - captured_before}, pinned staging"
+              f" {s['pinned_bytes'] / MIB:.2f} MiB")
     first, second = samples[: len(samples) // 2 + 1], samples[len(samples) // 2 + 1:]
     device_growth = max(s["device_bytes"] for s in second) - max(s["device_bytes"] for s in first)
     tf_growth = max(s["tf_bytes"] for s in samples) - samples[0]["tf_bytes"]
@@ -82,6 +83,8 @@ def test_random_shapes_level_off_in_memory_and_graphs(tf_served, tf_pool):
     assert captured > bound, "the shapes did not make the cache start over: the bound went unexercised"
     assert most_graphs_held_per_stream() <= bound
     assert tf_growth <= MIB and device_growth <= 64 * MIB
+    # Sequential calls reuse one staging buffer: it is as large as the first (largest) call needs from the start.
+    assert max(s["pinned_bytes"] for s in samples) == samples[0]["pinned_bytes"]
     assert worst <= TOLERANCE["fp16"]
 
 
@@ -102,10 +105,11 @@ def test_load_unload_cycles_return_memory_to_baseline(tf_served, tf_pool):
         after.append(memory_sample(cycle))
     for s in [baseline] + after:
         print(f"after cycle {s['calls']:>2}: TF {s['tf_bytes'] / MIB:9.1f} MiB, device {s['device_bytes'] / MIB:9.1f} "
-              f"MiB, graphs held {s['graphs_held']}")
+              f"MiB, graphs held {s['graphs_held']}, pinned staging {s['pinned_bytes'] / MIB:.2f} MiB")
     tf_left = after[-1]["tf_bytes"] - baseline["tf_bytes"]
     device_left = after[-1]["device_bytes"] - baseline["device_bytes"]
     print(f"20 cycles: TF bytes {tf_left / MIB:+.2f} MiB from baseline, device {device_left / MIB:+.1f} MiB, graphs "
           f"held {after[-1]['graphs_held'] - baseline['graphs_held']:+d}")
     assert after[-1]["graphs_held"] == baseline["graphs_held"]
+    assert after[-1]["pinned_bytes"] == baseline["pinned_bytes"]  # each unload frees its kernels' staging pools
     assert tf_left <= MIB and device_left <= 64 * MIB

@@ -178,7 +178,7 @@ def _gpu_library() -> ctypes.CDLL:
     """The GPU kernels library TensorFlow loaded (dlopen of the same path gives the same copy, counters included)."""
     library = ctypes.CDLL(gpu_kernels_path())
     for name in ("bertserve_graphs_captured", "bertserve_graphs_held", "bertserve_most_graphs_held_per_stream",
-                 "bertserve_max_graphs_per_stream", "bertserve_device_bytes_in_use"):
+                 "bertserve_max_graphs_per_stream", "bertserve_device_bytes_in_use", "bertserve_pinned_staging_bytes"):
         getattr(library, name).restype = ctypes.c_int64
     return library
 
@@ -204,6 +204,11 @@ def max_graphs_per_stream() -> int:
 def device_bytes_in_use() -> int:
     """cudaMemGetInfo's bytes in use on GPU:0: TensorFlow's allocator region and everything outside it (graphs)."""
     return _gpu_library().bertserve_device_bytes_in_use()
+
+
+def pinned_staging_bytes() -> int:
+    """Pinned host memory the kernels' index staging pools hold (host_staging.h): large batches' ids go through it."""
+    return _gpu_library().bertserve_pinned_staging_bytes()
 
 
 def tf_bytes_in_use() -> int:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the CUDA core as libbertserve_cuda.so (with the C ABI of custom_ops/c_api/ranker_c_api.cu: what
-# bench/gpu and tests/gpu load), without Make or Bazel; with --tf also _bert_ops_gpu.so, the TensorFlow GPU kernels
-# (custom_ops/tf/*_gpu*) over the same core, to load after _bert_ops.so. Usage: build.sh OUT_DIR [--tf]
+# bench/gpu and tests/gpu load), without Make or Bazel, and libbertserve_cuda_core.a, the core with a private CUDA
+# runtime that //custom_ops/gpu links into a tensorflow_model_server (custom_ops/gpu/core_archive.sh); with --tf
+# also _bert_ops_gpu.so, the TensorFlow GPU kernels (custom_ops/tf/*_gpu*) over the same core, to load after
+# _bert_ops.so. Usage: build.sh OUT_DIR [--tf]
 #   CUDA_HOME     CUDA 13 toolkit (default /usr/local/cuda)
 #   CUBLAS_HOME   folder with include/cublasLt.h and lib/libcublasLt.so* when the toolkit lacks cuBLAS
 #                 (PyPI's nvidia-cublas wheel installs one at site-packages/nvidia/cu13)
@@ -38,7 +40,7 @@ running=0
 core_objs=()
 # Sources relative to this folder; the C ABI last (it is not part of _bert_ops_gpu.so).
 for src in gemm/cutlass_gemm_gelu gemm/cutlass_gemm_plain gemm/cutlass_gemm_partials gemm/gemm_gelu gemm/gemm_ksplit \
-    gemm/gemm elementwise attention encoder encoder_bucketed graph_cache pooler_head ../validation.cc \
+    gemm/gemm elementwise attention encoder encoder_bucketed graph_cache host_staging pooler_head ../validation.cc \
     ../../c_api/ranker_c_api; do
   [[ $src == *.cc ]] || src=$src.cu
   obj="$out/$(basename "${src%.*}").o"
@@ -58,6 +60,12 @@ if nm -C --undefined-only "$out/libbertserve_cuda.so" | grep bertserve; then
   exit 1
 fi
 echo "built $out/libbertserve_cuda.so"
+# The archive leaves out the input checks: //custom_ops:bert_ops brings them, compiled with the server's flags.
+archive_objs=()
+for obj in "${core_objs[@]}"; do
+  [[ $obj == */validation.o ]] || archive_objs+=("$obj")
+done
+CUDA_HOME=$cuda "$root/custom_ops/gpu/core_archive.sh" "$out/libbertserve_cuda_core.a" "${archive_objs[@]}"
 [[ ${2:-} == --tf ]] || exit 0
 read -r -a tf_cflags <<<"$(TF_CPP_MIN_LOG_LEVEL=3 "$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))')"
 read -r -a tf_lflags <<<"$(TF_CPP_MIN_LOG_LEVEL=3 "$py" -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))')"

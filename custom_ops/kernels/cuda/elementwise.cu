@@ -511,9 +511,8 @@ __global__ void SpinKernel(int64_t cycles) {
 }
 
 // Host indices travel in the kernel's parameters (4 KB a launch), so no pageable host-to-device copy is needed.
-constexpr int kIndicesPerLaunch = 1000;
 struct HostIndices {
-  int32_t values[kIndicesPerLaunch];
+  int32_t values[kStageIndicesPerLaunch];
   int32_t count;
 };
 
@@ -537,7 +536,7 @@ void LaunchStage(const void* src, int64_t copy_bytes, int64_t total_bytes, void*
   int64_t done = 0;
   do {
     HostIndices chunk{};
-    chunk.count = static_cast<int32_t>(std::min<int64_t>(count - done, kIndicesPerLaunch));
+    chunk.count = static_cast<int32_t>(std::min<int64_t>(count - done, kStageIndicesPerLaunch));
     std::copy(host_indices + done, host_indices + done + chunk.count, chunk.values);
     const int64_t words = done == 0 ? total_bytes / 4 : 0;  // the first launch also copies the words
     const int64_t work = std::max<int64_t>(words, chunk.count);

@@ -254,11 +254,6 @@ void FirstTokenLayer(const EncoderDims& dims, const LayerWeights<D>& w, const Pa
 
 }  // namespace
 
-void CopyIndicesToDevice(const int32_t* host, int64_t count, int32_t* device, void* stream) {
-  if (count == 0) return;
-  LaunchStage(nullptr, 0, 0, nullptr, host, count, device, AsStream(stream));
-}
-
 int64_t TokenBucket(int64_t num_tokens) {
   if (num_tokens <= 256) return std::max<int64_t>(16, (num_tokens + 15) / 16 * 16);
   int64_t step = 1;

@@ -58,6 +58,7 @@ void LaunchPartialsResidualLayerNorm(const float* partials, int parts, const T* 
 // (BucketedEncoder's arena, CopyIndicesToDevice): dst [0, copy_bytes) from src, [copy_bytes, total_bytes) zeros,
 // indices [0, count) from host memory through the kernel's parameters (one more launch per 1,000 indices past the
 // first 1,000). Byte counts are multiples of 4, else std::runtime_error.
+constexpr int64_t kStageIndicesPerLaunch = 1000;  // 4 KB of a launch's parameters
 void LaunchStage(const void* src, int64_t copy_bytes, int64_t total_bytes, void* dst, const int32_t* host_indices,
                  int64_t count, int32_t* indices, cudaStream_t stream);
 
