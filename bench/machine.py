@@ -4,6 +4,7 @@ model, the core count and how busy the machine was (the CPU benchmarks, and the 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 VENDORS = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}
@@ -21,3 +22,9 @@ def machine() -> dict:
             "cpu_family_model": f"{fields.get('CPU family')}/{fields.get('Model')}",
             "cores": int(fields.get("CPU(s)", "0")), "flags_avx512f": "avx512f" in flags, "flags": flags,
             "load_average": os.getloadavg()}
+
+
+def gpu_result_name(device_name: str, kind: str) -> str:
+    """The kept name of a GPU result: gpu_h200_<kind>.json for an "NVIDIA H200"."""
+    model = re.search(r"\b([A-Z]+[0-9]{1,4})\b", device_name)
+    return f"gpu_{(model.group(1) if model else re.sub(r'[^A-Za-z0-9]+', '_', device_name)).lower()}_{kind}.json"

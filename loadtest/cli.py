@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import tempfile
 from typing import Sequence
 
 from bertserve.client.cli import (add_server_args, add_tokenizer_args, guarded, model_spec_from_args,
                                   tokenizer_from_args)
-from bertserve.client.protocol import ModelSpec
-from bertserve.client.transport import AsyncGrpcTransport
-from bertserve.loadtest import loadgen, report, sweep, tuner
+from bertserve.loadtest import clients, loadgen, report, sweep, tuner
 from bertserve.model_dir import DEFAULT_MAX_LEN, SIGNATURE_NAME
 from bertserve.train.pairs import LENGTHS, read_lengths
 
@@ -45,6 +42,9 @@ def _add_load_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep_factor", type=float, default=1.5, help="QPS multiplier between sweep steps")
     parser.add_argument("--sweep_steps", type=int, default=12, help="most sweep steps")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per run (per sweep step)")
+    parser.add_argument("--clients", type=int, default=1,
+                        help="client processes sharing the load (1: this process); more when one process cannot "
+                             "offer the rate: the report shows each one's CPU use")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -53,33 +53,25 @@ def _sweep_config(args: argparse.Namespace) -> sweep.SweepConfig:
                        max_steps=args.sweep_steps, step_duration_s=args.duration)
 
 
-async def _loadtest(args: argparse.Namespace, spec: ModelSpec,
-                    shape: loadgen.RequestShape) -> tuple[list[loadgen.RunStats], str]:
-    transport = AsyncGrpcTransport([t.strip() for t in args.target.split(",")])
-    try:
-        requests = loadgen.build_requests(shape, spec, seed=args.seed)
-        await loadgen.warm_up(transport, requests, args.timeout)
-        progress = not args.quiet
+def _loadtest(args: argparse.Namespace, spec: clients.LoadSpec) -> tuple[list[loadgen.RunStats], str]:
+    progress = not args.quiet
+    with clients.load_runner(spec, args.clients, progress) as load:
         if args.sweep:
-            return await sweep.sweep(transport, requests, _sweep_config(args), args.timeout, shape.replies_per_query,
-                                     progress)
+            return sweep.sweep(load, _sweep_config(args), progress)
         if args.mode == "open":
-            run = await loadgen.open_loop(transport, requests, args.qps, args.duration, args.timeout,
-                                          shape.replies_per_query, args.seed, progress)
-        else:
-            run = await loadgen.closed_loop(transport, requests, args.concurrency, args.duration, args.timeout,
-                                            shape.replies_per_query, progress)
-        return [run], ""
-    finally:
-        await transport.close()
+            return [load.open([loadgen.Phase(args.qps, args.duration)], args.seed)], ""
+        return [load.closed(args.concurrency, args.duration)], ""
 
 
 def _run_loadtest(args: argparse.Namespace) -> int:
-    spec, shape = model_spec_from_args(args), _request_shape(args)
-    runs, stop = asyncio.run(_loadtest(args, spec, shape))
+    model, shape = model_spec_from_args(args), _request_shape(args)
+    spec = clients.LoadSpec(tuple(t.strip() for t in args.target.split(",")), (model,), shape, args.timeout,
+                            "rest" if args.rest else "grpc", args.seed)
+    runs, stop = _loadtest(args, spec)
     kind = "QPS sweep" if args.sweep else f"{args.mode} loop"
-    title = (f"{kind}: model {spec.name}, {shape.replies_per_query} replies/query, seq {shape.max_len}, "
-             f"{args.duration:g} s per run; {report.machine_label()}")
+    title = (f"{kind}: model {model.name} over {spec.api}, {shape.replies_per_query} replies/query, seq "
+             f"{shape.max_len}, {args.duration:g} s per run, {args.clients} client process(es); "
+             f"{report.machine_label()}")
     table = report.markdown_table(runs, title)
     print(table + (f"sweep ended: {stop}\n" if stop else ""))
     if args.sweep:
@@ -111,6 +103,7 @@ def loadtest_main(argv: Sequence[str]) -> int:
     parser.add_argument("--qps", type=float, default=5.0, help="open loop target QPS (queries/s)")
     parser.add_argument("--concurrency", type=int, default=4, help="closed loop callers")
     parser.add_argument("--sweep", action="store_true", help="raise QPS until the P99 SLO breaks")
+    parser.add_argument("--rest", action="store_true", help="load the REST API (--target is then the REST port)")
     parser.add_argument("--out", help="folder for loadtest.md, loadtest.json and (sweep) latency_vs_qps.png")
     parser.add_argument("--seed", type=int, default=0)
     return guarded(_run_loadtest, parser.parse_args(list(argv)), parser.prog)
@@ -128,7 +121,7 @@ def _run_tune(args: argparse.Namespace) -> int:
     for i, candidate in enumerate(candidates):
         print(f"[{i + 1}/{len(candidates)}] {candidate.describe()}", flush=True)
         trial = tuner.run_trial(candidate, args.model_config_file, spec, shape, config, args.timeout, workdir, i,
-                                args.serve_flag, progress=not args.quiet)
+                                args.serve_flag, progress=not args.quiet, clients=args.clients)
         trials.append(trial)
         best = trial.best
         print(f"    best within SLO: {f'{best.achieved_qps:.1f} QPS' if best else 'none'} ({trial.stop_reason})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
@@ -9,7 +10,8 @@ from typing import Sequence
 
 from bertserve.loadtest.loadgen import PERCENTILES, RunStats
 
-COLUMNS = ("load", "sent_qps", "achieved_qps", "pairs_per_s", *(f"p{p:g}_ms" for p in PERCENTILES), "ok", "errors")
+COLUMNS = ("load", "sent_qps", "achieved_qps", "pairs_per_s", *(f"p{p:g}_ms" for p in PERCENTILES), "ok", "errors",
+           "send_lag_p99_ms", "client_cpu_max")
 
 
 def machine_label() -> str:
@@ -29,9 +31,12 @@ def markdown_table(results: Sequence[RunStats], title: str) -> str:
     lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for stats in results:
         row = stats.row()
-        cells = [f"{row[c]:g}" if isinstance(row[c], float) else str(row[c]) for c in COLUMNS]
+        row["client_cpu_max"] = max(row.get("client_cpu_cores") or [float("nan")])
+        cells = [f"{row[c]:g}" if isinstance(row.get(c), float) else str(row.get(c, "-")) for c in COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
-    errors = {code: n for stats in results for code, n in stats.errors.items()}
+    errors: collections.Counter[str] = collections.Counter()
+    for stats in results:
+        errors.update(stats.errors)
     if errors:
         lines += ["", "errors by status: " + ", ".join(f"{code} {n}" for code, n in sorted(errors.items()))]
     return "\n".join(lines) + "\n"
@@ -43,7 +48,9 @@ def write_json(results: Sequence[RunStats], path: str, extra: dict) -> None:
         f.write("\n")
 
 
-def plot_latency_vs_qps(results: Sequence[RunStats], path: str, title: str, slo_p99_ms: float | None) -> None:
+def plot_latency_vs_qps(results: Sequence[RunStats], path: str, title: str, slo_p99_ms: float | None,
+                        reference: dict[str, tuple[Sequence[float], Sequence[float]]] | None = None) -> None:
+    """P50..P99.9 against achieved QPS; `reference`: other curves to compare with, label -> (QPS, latency ms)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,6 +60,8 @@ def plot_latency_vs_qps(results: Sequence[RunStats], path: str, title: str, slo_
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p, style in zip(PERCENTILES, ("o-", "s-", "^-", "v--")):
         ax.plot(qps, [r.percentile_ms(p) for r in results], style, label=f"P{p:g}")
+    for label, (xs, ys) in (reference or {}).items():
+        ax.plot(xs, ys, "x:", label=label)
     if slo_p99_ms is not None:
         ax.axhline(slo_p99_ms, color="red", linestyle=":", label=f"P99 SLO {slo_p99_ms:g} ms")
     ax.set_xlabel("achieved QPS (queries/s)")

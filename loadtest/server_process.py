@@ -18,9 +18,9 @@ from typing import Iterator, Mapping, Sequence
 import grpc
 import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
 
+from bertserve.loadtest import server_metrics
 from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH
 
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.State.AVAILABLE
@@ -148,16 +148,14 @@ class ServerProcess:
         """The Prometheus exposition text (the monitoring config must enable it at prometheus_path)."""
         return requests.get(self.rest + prometheus_path, timeout=30).text
 
+    def metrics(self, prometheus_path: str = DEFAULT_PROMETHEUS_PATH) -> server_metrics.Snapshot:
+        """The batching and request counters now (server_metrics.batching_between subtracts two)."""
+        return server_metrics.parse(self.metrics_text(prometheus_path))
+
     def batch_size_totals(self, model: str, prometheus_path: str = DEFAULT_PROMETHEUS_PATH) -> tuple[float, float]:
         """(rows, executed batches) of `model` so far, from the `bertserve_batch_size` histogram."""
-        totals = {"sum": 0.0, "count": 0.0}
-        for family in text_string_to_metric_families(self.metrics_text(prometheus_path)):
-            if family.name == "bertserve_batch_size":
-                for sample in family.samples:
-                    kind = sample.name.rsplit("_", 1)[-1]
-                    if kind in totals and sample.labels.get("model_name") == model:
-                        totals[kind] += sample.value
-        return totals["sum"], totals["count"]
+        snapshot = self.metrics(prometheus_path)
+        return snapshot.rows_sum[model], snapshot.batches[model]
 
     def terminate(self, timeout: float = 90.0) -> int:
         """SIGTERM (the server drains in-flight requests), SIGKILL only if it does not exit in time; the exit code."""

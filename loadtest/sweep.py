@@ -4,10 +4,15 @@ stops keeping up). The result is the table TF Serving users tune by: offered QPS
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Protocol, Sequence
 
-from bertserve.loadtest.loadgen import RunStats, open_loop
-from bertserve.client.transport import AsyncGrpcTransport
+from bertserve.loadtest.loadgen import Phase, RunStats
+
+
+class OpenLoad(Protocol):
+    """What a sweep drives: clients.InProcessLoad or clients.ClientProcesses."""
+
+    def open(self, phases: Sequence[Phase], seed: int = 0) -> RunStats: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,13 +53,11 @@ def stop_reason(stats: RunStats, config: SweepConfig) -> str | None:
     return None
 
 
-async def sweep(transport: AsyncGrpcTransport, requests: Sequence, config: SweepConfig, timeout_s: float,
-                pairs_per_request: int, progress: bool = True) -> tuple[list[RunStats], str]:
+def sweep(load: OpenLoad, config: SweepConfig, progress: bool = True) -> tuple[list[RunStats], str]:
     results: list[RunStats] = []
     qps = config.start_qps
     for step in range(config.max_steps):
-        stats = await open_loop(transport, requests, qps, config.step_duration_s, timeout_s, pairs_per_request,
-                                seed=step, progress=progress)
+        stats = load.open([Phase(qps, config.step_duration_s)], seed=step)
         results.append(stats)
         if progress:
             print(f"  step {step + 1}: offered {qps:g} QPS -> answered {stats.achieved_qps:.2f} QPS, "

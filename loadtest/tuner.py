@@ -3,7 +3,6 @@ parameters once, at start), sweep QPS against each, keep the set with the highes
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
@@ -11,12 +10,12 @@ from typing import Sequence
 
 from google.protobuf import text_format
 
-from bertserve.loadtest.loadgen import RequestShape, RunStats, build_requests, warm_up
 from bertserve.client.protocol import ModelSpec
+from bertserve.loadtest.clients import LoadSpec, load_runner
+from bertserve.loadtest.loadgen import RequestShape, RunStats
 from bertserve.loadtest.report import machine_label
 from bertserve.loadtest.server_process import running_server
 from bertserve.loadtest.sweep import SweepConfig, best_within_slo, sweep
-from bertserve.client.transport import AsyncGrpcTransport
 from bertserve.server.batching_parameters_pb2 import BatchingParameters
 
 
@@ -39,6 +38,15 @@ class BatchingCandidate:
 
     def to_text(self) -> str:
         return text_format.MessageToString(self.to_proto())
+
+    @classmethod
+    def from_text(cls, text: str) -> "BatchingCandidate":
+        """A BatchingParameters text file's shaping fields (TF Serving's defaults where one is unset)."""
+        params = text_format.Parse(text, BatchingParameters())
+        default = lambda field, value: getattr(params, field).value if params.HasField(field) else value  # noqa: E731
+        return cls(default("max_batch_size", 1000), default("batch_timeout_micros", 0),
+                   default("num_batch_threads", os.cpu_count() or 1), tuple(params.allowed_batch_sizes),
+                   default("max_enqueued_batches", 10))
 
     def describe(self) -> str:
         allowed = ",".join(map(str, self.allowed_batch_sizes)) or "-"
@@ -83,25 +91,15 @@ class TrialResult:
 
 def run_trial(candidate: BatchingCandidate, model_config_file: str, spec: ModelSpec, shape: RequestShape,
               sweep_config: SweepConfig, timeout_s: float, workdir: str, index: int,
-              extra_flags: Sequence[str] = (), progress: bool = True) -> TrialResult:
+              extra_flags: Sequence[str] = (), progress: bool = True, clients: int = 1) -> TrialResult:
     params_path = os.path.join(workdir, f"batching_parameters_{index}.txt")
     with open(params_path, "w", encoding="utf-8") as f:
         f.write(candidate.to_text())
     with running_server(model_config_file, [spec.name], os.path.join(workdir, f"serve_{index}.log"),
                         batching_parameters_file=params_path, extra_flags=extra_flags) as server:
-        runs, reason = asyncio.run(_sweep_one(server.target, spec, shape, sweep_config, timeout_s, progress))
+        with load_runner(LoadSpec((server.target,), (spec,), shape, timeout_s), clients, progress) as load:
+            runs, reason = sweep(load, sweep_config, progress)
     return TrialResult(candidate, runs, reason, best_within_slo(runs, sweep_config))
-
-
-async def _sweep_one(target: str, spec: ModelSpec, shape: RequestShape, config: SweepConfig, timeout_s: float,
-                     progress: bool) -> tuple[list[RunStats], str]:
-    transport = AsyncGrpcTransport([target])
-    try:
-        requests = build_requests(shape, spec)
-        await warm_up(transport, requests, timeout_s)
-        return await sweep(transport, requests, config, timeout_s, shape.replies_per_query, progress)
-    finally:
-        await transport.close()
 
 
 def trials_table(trials: Sequence[TrialResult], config: SweepConfig, shape: RequestShape) -> str:

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from bertserve.bench.machine import machine
+from bertserve.bench.machine import gpu_result_name, machine
 from bertserve.bench.gpu import core
 from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
 
@@ -30,9 +30,7 @@ DEVICE_CARRY = os.path.join(REPO_ROOT, ".device_carry")  # prepare_carry.py's fi
 
 def result_name(kind: str) -> str:
     """The kept name of a result for this GPU: gpu_h200_<kind>.json on an NVIDIA H200."""
-    name = torch.cuda.get_device_name(0)
-    model = re.search(r"\b([A-Z]+[0-9]{1,4})\b", name)
-    return f"gpu_{(model.group(1) if model else re.sub(r'[^A-Za-z0-9]+', '_', name)).lower()}_{kind}.json"
+    return gpu_result_name(torch.cuda.get_device_name(0), kind)
 
 
 def config_dict(c) -> dict:

@@ -4,10 +4,10 @@ Queries arrive as a Poisson process; each carries K (query, reply) pairs padded 
 client sends them. The batcher follows BasicBatchScheduler with one batch thread (the GPU): a task (one query,
 K rows) joins the open batch unless that would exceed max_batch_size; a batch closes when full or when
 batch_timeout_micros have passed since its first task arrived; a closed batch is padded up to the next
-allowed_batch_sizes entry (padding rows have no real token) and run as one forward: a replay of the ranker's CUDA
-graph (autotuned plans), or eager launches over the token count rounded up to the core's TokenBucket, planned
-without autotuning, as the TF GPU kernel ran until it replayed graphs of its own (BucketedEncoder, with untuned
-plans: encoder_graphs.py times that path).
+allowed_batch_sizes entry (padding rows have no real token, or copy the first row as TF Serving's do) and run as
+one forward: a replay of the ranker's CUDA graph (autotuned plans), or eager launches over the token count rounded
+up to the core's TokenBucket, planned without autotuning, as the TF GPU kernel ran until it replayed graphs of its
+own (BucketedEncoder, with untuned plans: encoder_graphs.py times that path).
 Latency is completion minus arrival, so it includes queueing, batching delay and the GPU time, as a client would
 see it.
 """
@@ -39,6 +39,8 @@ class Traffic:
     seconds: float = 3.0
     min_len: int = 8
     max_len: int = 32
+    lengths: tuple[int, ...] = ()  # pair lengths to draw from (the load generator's distribution); empty: U[min, max]
+    pad_with_first_row: bool = False  # pad as TF Serving's batcher does (copies of row 0); off: rows of no token
 
 
 def _padded_size(rows: int, allowed: tuple[int, ...]) -> int:
@@ -53,7 +55,8 @@ def replay(ranker: CudaRanker, params: BatchingParameters, traffic: Traffic, see
     n = max(1, int(traffic.qps * traffic.seconds))
     arrivals = np.cumsum(rng.exponential(1.0 / traffic.qps, n))
     k, seq = traffic.replies_per_query, ranker.seq
-    lengths = rng.integers(traffic.min_len, traffic.max_len + 1, (n, k)).astype(np.int32)
+    lengths = (rng.choice(np.asarray(traffic.lengths), (n, k)) if traffic.lengths
+               else rng.integers(traffic.min_len, traffic.max_len + 1, (n, k))).astype(np.int32)
     vocab = ranker.weights["word_embeddings"].shape[0]
     pool = torch.randint(1000, vocab, (params.max_batch_size, seq), dtype=torch.int32, device="cuda")
     segments = torch.zeros_like(pool)
@@ -84,6 +87,8 @@ def replay(ranker: CudaRanker, params: BatchingParameters, traffic: Traffic, see
         size = _padded_size(rows, params.allowed_batch_sizes)
         lens = np.zeros(size, dtype=np.int32)
         lens[:rows] = lengths[i:j].reshape(-1)
+        if traffic.pad_with_first_row:
+            lens[rows:] = lens[0]
         forward(pool[:size], segments[:size], lens)
         torch.cuda.synchronize()
         done[i:j] = time.perf_counter() - start
