@@ -37,6 +37,7 @@ $(OP_LIB): $(OP_SRCS) setup.py | $(VENV)/.installed
 	$(PY) setup.py -q build_ext --inplace
 
 # TF GPU kernels (CUDA 13 nvcc; cuBLASLt and CUTLASS headers from PyPI): loaded with the ops when present; not in CI.
+# build/cuda/ also gets libbertserve_cuda_core.a, the core that //custom_ops/gpu links into a tensorflow_model_server.
 gpu-ops: setup
 	$(PIP) install -q $(GPU_BUILD_DEPS)
 	PYTHON=$(PY) custom_ops/kernels/cuda/build.sh build/cuda --tf
