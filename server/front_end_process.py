@@ -96,7 +96,8 @@ async def serve(args: argparse.Namespace) -> int:
     _, calls.link = await loop.connect_accepted_socket(lambda: FrameLink(on_frame, lost.set),
                                                        sock=socket.socket(fileno=args.link_fd))
     try:
-        front_end = await GrpcFrontEnd.start(args.port, args.grpc_socket_path, calls.answer, reuse_port=True)
+        front_end = await GrpcFrontEnd.start(args.port, args.grpc_socket_path, args.methods.split(","),
+                                             calls.answer, reuse_port=True)
     except OSError as exc:
         log.error("front end %d: %s", args.index, exc)
         return EXIT_CANNOT_LISTEN
@@ -129,6 +130,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--port", type=int, required=True, help="the gRPC port, shared by the front ends")
     parser.add_argument("--grpc_socket_path", default="", help="also listen on this UNIX socket")
     parser.add_argument("--drain_grace_seconds", type=float, required=True)
+    parser.add_argument("--methods", required=True, help="comma-separated full names of the methods to forward")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s[front end {args.index}]: %(message)s")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import socket
 import subprocess
@@ -38,8 +39,8 @@ EXIT_MARGIN_SECONDS = 5.0
 class _FrontEnd:
     index: int
     process: asyncio.subprocess.Process
-    link: FrameLink
-    ready: asyncio.Future
+    ready: asyncio.Future  # set when it listens
+    link: FrameLink | None = None
     calls: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)  # call id -> its answering task
 
 
@@ -80,7 +81,7 @@ class FrontEndProcesses:
             front_end.link.send(forwarding.bare_frame(Kind.DRAIN))
         exits = [asyncio.ensure_future(front_end.process.wait()) for front_end in front_ends]
         if exits:
-            _, late = await asyncio.wait(exits, timeout=grace_seconds + EXIT_MARGIN_SECONDS)
+            await asyncio.wait(exits, timeout=grace_seconds + EXIT_MARGIN_SECONDS)
             for front_end in front_ends:
                 if front_end.process.returncode is None:
                     log.error("gRPC front end %d did not exit after the drain; killing it", front_end.index)
@@ -100,18 +101,15 @@ class FrontEndProcesses:
                 f"--index={index}", f"--port={self.port}",
                 # a UNIX socket cannot be shared: the first front end serves it
                 f"--grpc_socket_path={self.unix_socket if index == 0 else ''}",
-                f"--drain_grace_seconds={self.drain_grace_seconds}",
+                f"--drain_grace_seconds={self.drain_grace_seconds}", f"--methods={','.join(self.api.methods)}",
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        holder: list[_FrontEnd] = []
-        _, link = await loop.connect_accepted_socket(
-            lambda: FrameLink(lambda kind, frame, start, end: self._on_frame(holder[0], kind, frame, start, end),
-                              lambda: self._link_lost(holder[0])), sock=ours)
-        front_end = _FrontEnd(index, process, link, loop.create_future())
-        holder.append(front_end)
+        front_end = _FrontEnd(index, process, loop.create_future())
+        on_frame, on_lost = functools.partial(self._on_frame, front_end), functools.partial(self._link_lost, front_end)
+        _, front_end.link = await loop.connect_accepted_socket(lambda: FrameLink(on_frame, on_lost), sock=ours)
         self._front_ends[index] = front_end
-        link.send(forwarding.flag_frame(Kind.HEALTH, self._serving))
+        front_end.link.send(forwarding.flag_frame(Kind.HEALTH, self._serving))
         watcher = loop.create_task(self._watch(front_end))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)

@@ -92,8 +92,8 @@ class FrontEnds:
                 await processes.start()
                 self._grpc = processes
             else:
-                self._grpc = await GrpcFrontEnd.start(options.grpc_port, options.grpc_socket_path, api.answer,
-                                                      reuse_port=False)
+                self._grpc = await GrpcFrontEnd.start(options.grpc_port, options.grpc_socket_path, api.methods,
+                                                      api.answer, reuse_port=False)
             log.info("Running gRPC ModelServer at 0.0.0.0:%d ...%s", options.grpc_port,
                      f" ({options.grpc_processes} front-end processes)" if options.grpc_processes > 1 else "")
         if options.rest_port:

@@ -2,23 +2,23 @@
 
 Used the same way in both modes of `--grpc_front_end_processes`: in the main process (1, the default) `answer` is
 the API's own (server/grpc_service.py); in each front-end process (N > 1) it forwards the call to the main
-process (server/front_end_process.py). No handler deserializes anything, so every method (Predict, Classify,
-Regress, MultiInference, metadata, status, reload) is parsed, checked and answered by the same code in both
-modes. Health (grpc.health.v1, with its streaming Watch) is served here from the state the main process sets.
+process (server/front_end_process.py), which also names the methods to serve. No handler deserializes anything,
+so every method (Predict, Classify, Regress, MultiInference, metadata, status, reload) is parsed, checked and
+answered by the same code in both modes. Health (grpc.health.v1, with its streaming Watch) is served here from the state the main process sets.
 
 This module imports no TensorFlow: a front-end process starts in well under a second and stays small.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Awaitable, Callable, NamedTuple
+from typing import Awaitable, Callable, NamedTuple, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 log = logging.getLogger("bertserve.server")
-HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
 HEALTH_SERVICES = ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService")
 _STATUS_BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -34,26 +34,16 @@ class RpcAnswer(NamedTuple):
 Answer = Callable[[str, bytes, "float | None"], Awaitable[RpcAnswer]]
 
 
-class _EveryMethod(grpc.GenericRpcHandler):
-    """A unary handler without (de)serializers for any method but health's: the answer decides what exists
-    (an unknown method is UNIMPLEMENTED there, as gRPC answers it)."""
+def _forwarding_handler(method: str, answer: Answer) -> grpc.RpcMethodHandler:
+    """A unary handler without (de)serializers: the request's bytes go to `answer`, its bytes come back."""
 
-    def __init__(self, answer: Answer):
-        self._answer = answer
+    async def call(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        code, details, body = await answer(method, payload, context.time_remaining())
+        if code:
+            await context.abort(_STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN), details)
+        return body
 
-    def service(self, handler_call_details):
-        method = handler_call_details.method
-        if method.startswith(HEALTH_METHOD_PREFIX):
-            return None
-        answer = self._answer
-
-        async def call(payload: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            code, details, body = await answer(method, payload, context.time_remaining())
-            if code:
-                await context.abort(_STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN), details)
-            return body
-
-        return grpc.unary_unary_rpc_method_handler(call)
+    return grpc.unary_unary_rpc_method_handler(call)
 
 
 class GrpcFrontEnd:
@@ -63,16 +53,25 @@ class GrpcFrontEnd:
         self.server, self.health = server, health_servicer
 
     @classmethod
-    async def start(cls, port: int, unix_socket: str, answer: Answer, reuse_port: bool) -> "GrpcFrontEnd":
+    async def start(cls, port: int, unix_socket: str, methods: Sequence[str], answer: Answer,
+                    reuse_port: bool) -> "GrpcFrontEnd":
         """Listens on `port` (0: none) and `unix_socket` ("": none), OSError if it cannot; call from the event loop
-        that will serve it. reuse_port: share the port with the other front-end processes (SO_REUSEPORT; the
+        that will serve it. methods: the full names ("/package.Service/Method") handed to `answer`; gRPC answers
+        others UNIMPLEMENTED. reuse_port: share the port with the other front-end processes (SO_REUSEPORT; the
         kernel spreads connections over them). Without it a port already taken is an error, not a shared port."""
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1),
                                           ("grpc.max_send_message_length", -1),
                                           ("grpc.so_reuseport", int(reuse_port))])
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        server.add_generic_rpc_handlers((_EveryMethod(answer),))
+        # Registered, not generic, handlers: gRPC then delivers a call together with its request bytes, where a
+        # generic handler costs the call another round through the completion queue to read them.
+        by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = collections.defaultdict(dict)
+        for method in methods:
+            _, service, name = method.split("/")
+            by_service[service][name] = _forwarding_handler(method, answer)
+        for service, handlers in by_service.items():
+            server.add_registered_method_handlers(service, handlers)
         for address in ([f"0.0.0.0:{port}"] if port else []) + ([f"unix:{unix_socket}"] if unix_socket else []):
             try:
                 bound = server.add_insecure_port(address)

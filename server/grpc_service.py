@@ -94,6 +94,11 @@ class GrpcApi:
                                                      handlers[method.name])
             for service in SERVICES for method in service.methods}
 
+    @property
+    def methods(self) -> list[str]:
+        """The full method names this API answers ("/tensorflow.serving.PredictionService/Predict", ...)."""
+        return list(self._methods)
+
     async def answer(self, method: str, payload: bytes, seconds_left: float | None) -> RpcAnswer:
         """Parses, runs and answers one call; failures are statuses (anything unexpected is INTERNAL)."""
         deadline = None if seconds_left is None else time.monotonic() + seconds_left
