@@ -5,7 +5,8 @@ Bazel (`make gpu-ops`, or custom_ops/kernels/cuda/build.sh) and imported here; /
 GPU kernels against it with the build's own compiler and flags. Nothing is fetched unless a target of
 //custom_ops/gpu is built, so CPU-only builds need neither the archive nor CUDA.
 
-  BERTSERVE_CUDA_CORE  the archive (default: build/cuda/libbertserve_cuda_core.a in the bertserve checkout)
+  BERTSERVE_CUDA_CORE  the archive, an absolute path (default: build/cuda/libbertserve_cuda_core.a in the bertserve
+                       checkout)
   BERTSERVE_CUDA_HOME  the CUDA 13 toolkit the core was built with, for its headers (default /usr/local/cuda; not
                        CUDA_HOME, which a TF Serving GPU image may point at its own CUDA 12)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ARCHIVE = Path(os.environ.get("BERTSERVE_CUDA_CORE", REPO / "build" / "cuda" / "libbertserve_cuda_core.a"))
+ARCHIVE = Path(os.environ.get("BERTSERVE_CUDA_CORE", REPO / "build" / "cuda" / "libbertserve_cuda_core.a")).absolute()
 CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 TARGET = "//custom_ops/gpu:_bert_ops_with_gpu.so"
 LIBRARY = REPO / "bazel-bin" / "custom_ops" / "gpu" / "_bert_ops_with_gpu.so"
