@@ -88,7 +88,9 @@ def _native_check():
         from bertserve import custom_ops
 
         custom_ops.load_op_library()
-        function = ctypes.CDLL(custom_ops.library_path()).bertserve_check_token_inputs
+        # PyDLL keeps the GIL during the call: the check takes microseconds, while a CDLL call releases the GIL
+        # and then waits to take it back from the batch threads, which stalls the event loop for far longer.
+        function = ctypes.PyDLL(custom_ops.library_path()).bertserve_check_token_inputs
     except (ImportError, OSError, AttributeError, tf.errors.OpError) as exc:
         log.warning("token inputs are not checked before batching: the op library's check is unavailable (%s)",
                     exc)
