@@ -98,9 +98,12 @@ def _client_process(spec: LoadSpec, conn, cpus: Sequence[int] | None) -> None:
     """A client process: builds its load, then runs the parent's commands until told to stop."""
     try:
         if cpus:
-            os.sched_setaffinity(0, cpus)
+            try:
+                os.sched_setaffinity(0, cpus)
+            except OSError:
+                pass  # pinning refused here: the ready message says which cores the process has
         load = InProcessLoad(spec, progress=False)
-        conn.send(("ready", None))
+        conn.send(("ready", sorted(os.sched_getaffinity(0))))
     except BaseException:  # noqa: BLE001 - whatever failed is sent to the parent, which raises it
         conn.send(("error", traceback.format_exc()))
         return
@@ -135,6 +138,7 @@ class ClientProcesses:
             self.procs.append(proc)
         self.ready = False
         self.warmed = False
+        self.cores: list[list[int]] = []  # each process's CPU affinity, once ready
 
     def _answer(self, i: int, timeout_s: float):
         conn = self.conns[i]
@@ -147,8 +151,7 @@ class ClientProcesses:
 
     def _all(self, commands: Sequence[tuple[str, tuple]], timeout_s: float) -> list:
         if not self.ready:
-            for i in range(len(self.conns)):
-                self._answer(i, self.start_timeout_s)
+            self.cores = [self._answer(i, self.start_timeout_s) for i in range(len(self.conns))]
             self.ready = True
         for conn, command in zip(self.conns, commands):
             conn.send(command)

@@ -132,6 +132,7 @@ class RunStats:
     error_at_s: np.ndarray = dataclasses.field(default_factory=_empty)
     client_cpu_s: list[float] = dataclasses.field(default_factory=list)  # CPU seconds per client process
     phases: tuple[Phase, ...] = ()
+    error_examples: dict[str, str] = dataclasses.field(default_factory=dict)  # the first message of each code
 
     @property
     def ok(self) -> int:
@@ -163,6 +164,8 @@ class RunStats:
                "pairs_per_s": round(self.pairs_per_s, 1)}
         row.update({f"p{p:g}_ms": round(self.percentile_ms(p), 2) for p in PERCENTILES})
         row["errors_by_status"] = dict(self.errors)
+        if self.error_examples:
+            row["error_examples"] = dict(self.error_examples)
         if self.send_lag_ms.size:
             row["send_lag_p50_ms"] = round(float(np.percentile(self.send_lag_ms, 50)), 3)
             row["send_lag_p99_ms"] = round(float(np.percentile(self.send_lag_ms, 99)), 3)
@@ -193,13 +196,16 @@ class RunStats:
         """Several client processes' runs of the same window as one (`load` and `phases`: what they offered
         together): latencies pooled, errors summed."""
         errors: collections.Counter[str] = collections.Counter()
+        examples: dict[str, str] = {}
         for run in runs:
             errors.update(run.errors)
+            examples = {**run.error_examples, **examples}
         return cls(runs[0].mode, load, sum(r.sent for r in runs), runs[0].duration_s,
                    max(r.elapsed_s for r in runs), runs[0].pairs_per_request,
                    np.concatenate([r.latencies_ms for r in runs]), dict(errors),
                    np.concatenate([r.send_lag_ms for r in runs]), np.concatenate([r.latency_at_s for r in runs]),
-                   np.concatenate([r.error_at_s for r in runs]), [c for r in runs for c in r.client_cpu_s], phases)
+                   np.concatenate([r.error_at_s for r in runs]), [c for r in runs for c in r.client_cpu_s], phases,
+                   examples)
 
 
 class _Recorder:
@@ -210,6 +216,7 @@ class _Recorder:
         self.latency_at: list[float] = []
         self.error_at: list[float] = []
         self.errors: collections.Counter[str] = collections.Counter()
+        self.error_examples: dict[str, str] = {}
         self.sent = 0
 
     async def call(self, transport: Transport, request, timeout_s: float, scheduled: float) -> None:
@@ -221,6 +228,7 @@ class _Recorder:
             self.latency_at.append(scheduled - self.origin)
         except ServingError as error:
             self.errors[error.code] += 1
+            self.error_examples.setdefault(error.code, error.message[:300])
             self.error_at.append(scheduled - self.origin)
 
     def describe(self) -> str:
@@ -253,7 +261,7 @@ async def _run(mode: str, load: float, driver, duration_s: float, pairs_per_requ
     array = lambda values: np.asarray(values, dtype=np.float64)  # noqa: E731
     return RunStats(mode, load, recorder.sent, duration_s, elapsed, pairs_per_request, array(recorder.latencies),
                     dict(recorder.errors), array(recorder.lags), array(recorder.latency_at), array(recorder.error_at),
-                    [time.process_time() - cpu_start], phases)
+                    [time.process_time() - cpu_start], phases, recorder.error_examples)
 
 
 async def open_loop(transport: Transport, requests: Sequence, phases: Sequence[Phase], timeout_s: float,

@@ -42,15 +42,20 @@ def meets_slo(stats: RunStats, config: SweepConfig) -> bool:
             and _error_rate(stats) <= config.max_error_rate)
 
 
-def stop_reason(stats: RunStats, config: SweepConfig) -> str | None:
-    """Why the sweep ends after this step, or None to go on."""
+def saturation(stats: RunStats, config: SweepConfig) -> str | None:
+    """Why the server did not keep up with this step (errors, or answering less than was sent), or None."""
     if _error_rate(stats) > config.max_error_rate:
         return f"error rate {_error_rate(stats):.1%} above {config.max_error_rate:.1%}"
-    if stats.percentile_ms(99) > config.slo_p99_ms:
-        return f"P99 {stats.percentile_ms(99):.1f} ms above the {config.slo_p99_ms:g} ms SLO"
     if stats.achieved_qps < config.min_achieved_ratio * stats.sent_qps:
         return f"saturated: answered {stats.achieved_qps:.1f} of {stats.sent_qps:.1f} QPS sent"
     return None
+
+
+def stop_reason(stats: RunStats, config: SweepConfig) -> str | None:
+    """Why the sweep ends after this step (saturation, or P99 over the SLO), or None to go on."""
+    if stats.percentile_ms(99) > config.slo_p99_ms and _error_rate(stats) <= config.max_error_rate:
+        return f"P99 {stats.percentile_ms(99):.1f} ms above the {config.slo_p99_ms:g} ms SLO"
+    return saturation(stats, config)
 
 
 def sweep(load: OpenLoad, config: SweepConfig, progress: bool = True) -> tuple[list[RunStats], str]:

@@ -52,7 +52,7 @@ from bertserve.loadtest import report, server_metrics
 from bertserve.loadtest.clients import ClientProcesses, LoadSpec
 from bertserve.loadtest.loadgen import Phase, RequestShape, RunStats
 from bertserve.loadtest.server_process import AVAILABLE, ServerProcess
-from bertserve.loadtest.sweep import SweepConfig, meets_slo, stop_reason
+from bertserve.loadtest.sweep import SweepConfig, meets_slo, saturation
 from bertserve.loadtest.tuner import BatchingCandidate
 from bertserve.train.pairs import LENGTHS, read_lengths
 
@@ -169,13 +169,14 @@ def _print_step(label: str, row: dict) -> None:
 
 def sweep_rates(load: ClientProcesses, server: ServerProcess, gpu: GpuSampler, rates: list[float],
                 args: argparse.Namespace, budget: Budget, result: Result) -> list[RunStats]:
-    """The rates in turn, `past_saturation` more after the first that breaks the SLO or saturates the server;
-    if the list ends first, rates go on growing by extend_factor while the budget lasts."""
+    """The rates in turn, `past_saturation` more after the first that saturates the server (errors, or fewer
+    answers than requests sent: a P99 over the SLO alone does not stop it); if the list ends first, rates go on
+    growing by extend_factor while the budget lasts."""
     config = SweepConfig(slo_p99_ms=args.slo_ms)
     runs, rows = [], result.data.setdefault("sweep", [])
-    broke_at = None
+    saturated_at = None
     step = 0
-    while broke_at is None or step - broke_at <= args.past_saturation:
+    while saturated_at is None or step - saturated_at <= args.past_saturation:
         if step == len(rates):
             rates.append(round(rates[-1] * args.extend_factor))
         if not budget.allows(args.duration + args.reserve_s):
@@ -183,14 +184,15 @@ def sweep_rates(load: ClientProcesses, server: ServerProcess, gpu: GpuSampler, r
                                                            "for the later stages")
             break
         stats, row = measured_step(load, server, gpu, [Phase(rates[step], args.duration)], seed=step)
-        row["stop_reason"] = stop_reason(stats, config)
+        row["within_slo"] = meets_slo(stats, config)
+        row["saturated"] = saturation(stats, config)
         rows.append(row)
         runs.append(stats)
         _print_step(f"step {step + 1}", row)
         result.save()
-        if row["stop_reason"] and broke_at is None:
-            broke_at = step
-            result.data["sweep_broke"] = {"offered_qps": rates[step], "why": row["stop_reason"]}
+        if row["saturated"] and saturated_at is None:
+            saturated_at = step
+            result.data["saturated_at"] = {"offered_qps": rates[step], "why": row["saturated"]}
         step += 1
     return runs
 
@@ -270,14 +272,15 @@ def choose_batching(args: argparse.Namespace, defaults: Defaults) -> tuple[Batch
 
 
 def tune_batching(args: argparse.Namespace, candidates: Sequence[BatchingCandidate], config_file: str, name: str,
-                  version_dir: str, work: str, env: dict, serve_flags: list[str]) -> tuple[BatchingCandidate, dict]:
-    """`bertserve tune-batching` over candidates on this machine; the winner and its table."""
+                  work: str, env: dict, serve_flags: list[str]) -> tuple[BatchingCandidate, dict]:
+    """`bertserve tune-batching` over candidates on this machine (random word pieces of BERT's vocabulary, as the
+    sweep's); the winner and its table."""
     grid = os.path.join(work, "tune_candidates.json")
     with open(grid, "w", encoding="utf-8") as f:
         json.dump([dataclasses.asdict(c) for c in candidates], f)
     output = os.path.join(work, "tuned_batching_parameters.txt")
     command = [sys.executable, "-m", "bertserve.cli", "tune-batching", "--model_config_file", config_file,
-               "--model", name, "--model_dir", version_dir, "--candidates", grid, "--replies", str(REPLIES),
+               "--model", name, "--max_len", str(SEQ), "--candidates", grid, "--replies", str(REPLIES),
                "--lengths", args.lengths, "--slo_ms", str(args.slo_ms), "--sweep_start", str(args.tune_start),
                "--sweep_factor", str(args.tune_factor), "--sweep_steps", str(args.tune_steps),
                "--duration", str(args.tune_duration), "--clients", str(args.clients), "--quiet",
@@ -326,8 +329,7 @@ def targets(result: dict, slo_ms: float) -> dict:
     """Issue 32's targets against what this run measured (None where a stage did not run); recovery is judged
     against this run's P99 budget."""
     sweep = result.get("sweep", [])
-    within = [r for r in sweep if r["errors"] == 0 and r["ok"] and r["p99_ms"] <= TARGET_P99_MS
-              and not (r["stop_reason"] or "").startswith("saturated")]
+    within = [r for r in sweep if r["errors"] == 0 and r["ok"] and r["p99_ms"] <= TARGET_P99_MS and not r["saturated"]]
     best = max(within, key=lambda r: r["achieved_qps"], default=None)
     out = {"throughput": {"target": f">= {TARGET_QPS:g} queries/s at P99 <= {TARGET_P99_MS:g} ms",
                           "best_within": best and {k: best[k] for k in ("offered_qps", "achieved_qps", "p50_ms",
@@ -340,18 +342,21 @@ def targets(result: dict, slo_ms: float) -> dict:
         out["overhead"] = {"target": f"P50 within {OVERHEAD_P50_MS:g} ms of the replay's at {OVERHEAD_QPS:g} QPS",
                            "server_p50_ms": served["p50_ms"], "replay_p50_ms": replayed["p50_ms"],
                            "gap_ms": round(gap, 3), "met": gap <= OVERHEAD_P50_MS}
-    broke = next((i for i, r in enumerate(sweep) if r["stop_reason"]), len(sweep))
-    out["errors_below_saturation"] = {"failed": sum(r["errors"] for r in sweep[:broke]),
-                                      "met": all(r["errors"] == 0 for r in sweep[:broke])}
+    first = next((i for i, r in enumerate(sweep) if r["saturated"]), len(sweep))
+    out["errors_below_saturation"] = {"failed": sum(r["errors"] for r in sweep[:first]),
+                                      "met": all(r["errors"] == 0 for r in sweep[:first])}
     past = {}
-    for row in sweep[broke:]:
+    for row in sweep[first:]:
         for code, n in row["errors_by_status"].items():
             past[code] = past.get(code, 0) + n
-    recovered = result.get("recovery", {}).get("recovered")
-    out["past_saturation"] = {"errors_by_status": past, "recovery_second_half": recovered,
-                              "recovered": None if recovered is None else (
-                                  recovered["errors"] == 0 and recovered["p99_ms"] is not None
-                                  and recovered["p99_ms"] <= slo_ms)}
+    recovery = result.get("recovery", {})
+    tail = recovery.get("recovered")
+    out["past_saturation"] = {"errors_by_status": past, "recovery_second_half": tail}
+    if tail:
+        # Recovered: no refusals, and a P99 within the SLO or within 1.5 x the sweep's at about that rate.
+        steady = min(sweep, key=lambda r: abs(r["offered_qps"] - recovery["phases"][1]["qps"]))["p99_ms"]
+        out["past_saturation"].update(steady_p99_ms=steady, recovered=bool(
+            tail["errors"] == 0 and tail["p99_ms"] is not None and tail["p99_ms"] <= max(slo_ms, 1.5 * steady)))
     return out
 
 
@@ -424,7 +429,7 @@ def main(argv: Sequence[str]) -> int:
         result.save()
 
     if args.batching == "tune":
-        batching, tuned = tune_batching(args, tune_grid, files["models"], names[0], version_dir, work, gpu_env,
+        batching, tuned = tune_batching(args, tune_grid, files["models"], names[0], work, gpu_env,
                                         serve_flags + [f"--monitoring_config_file={files['monitoring']}"])
         batching_source = "bertserve tune-batching on this machine"
         result.data["tune_batching"] = tuned
@@ -445,7 +450,10 @@ def main(argv: Sequence[str]) -> int:
         server = ServerProcess(flags, os.path.join(work, "serve.log"), env=gpu_env)
         try:
             if server_cpus:
-                os.sched_setaffinity(server.proc.pid, server_cpus)
+                try:
+                    os.sched_setaffinity(server.proc.pid, server_cpus)
+                except OSError as error:
+                    result.data["load"]["server_cpus"] = f"pinning refused: {error}"
             server.wait_until_available(names, timeout_s=max(60.0, budget.left() - 60))
             available_s = time.monotonic() - start
             memory_after = gpu.memory_mib()
@@ -462,6 +470,7 @@ def main(argv: Sequence[str]) -> int:
             spec = LoadSpec((server.target,), models, shape, args.timeout)
             with ClientProcesses(spec, args.clients, client_cpus) as load:
                 runs = sweep_rates(load, server, gpu, rates, args, budget, result)
+                result.data["load"]["client_process_cores"] = load.cores
                 best = [r for r in runs if meets_slo(r, SweepConfig(slo_p99_ms=args.slo_ms))]
                 low = args.recovery_qps or (max(r.load for r in best) / 2 if best else rates[0])
                 if part.recovery and runs:

@@ -19,8 +19,8 @@ from bertserve.loadtest.tuner import BatchingCandidate
 from bertserve.model_dir import warmup_path
 
 MODEL_SOURCES = ("chitchat", "minilm", "tiny")
-# A ranker small enough for a 2-core machine; its vocabulary leaves room for the load generator's word pieces.
-TINY_CONFIG = BertConfig(vocab_size=1200, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+# A ranker small enough for a 2-core machine, with BERT's vocabulary size (the load generator's default ids).
+TINY_CONFIG = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=128, max_position_embeddings=64)
 # The committed monitoring config: Prometheus on the REST port, where the batch-size histograms are read.
 MONITORING_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))),
