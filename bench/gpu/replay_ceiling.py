@@ -1,5 +1,7 @@
-"""The ceiling beside a served run: the harness replay (serving_replay.py: the CUDA core through its C ABI, TF
-Serving's batching rules, no server) at the server's batching parameters, pair lengths and padding, at each rate.
+"""The harness replay at a served run's batching, lengths and padding: the ceiling the server is compared with.
+
+serving_replay.py runs the CUDA core through its C ABI under TF Serving's batching rules, without a server; here at
+the server's batching parameters, pair lengths and padding (copies of the first row), at each rate it was loaded at.
 
 It runs in a process of its own, without TensorFlow (torch and TensorFlow each bring their CUDA libraries), after
 the server has stopped, so the two never share the GPU. Graphs are captured first for every (batch size, token

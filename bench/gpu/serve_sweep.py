@@ -42,6 +42,7 @@ from typing import Sequence
 
 import grpc
 import numpy as np
+import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
 from bertserve.bench.gpu import serving_setup
@@ -370,6 +371,9 @@ def plot(result: dict, runs: Sequence[RunStats], path: str, title: str, slo_ms: 
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
+    # This process exports and writes files with TensorFlow: left to itself it would claim GPU:0's memory, which
+    # belongs to the server (and the replay and memory probes after it).
+    tf.config.set_visible_devices([], "GPU")
     part = PARTS[args.part]
     defaults = CPU if args.cpu else GPU
     for field in ("rates", "duration", "clients", "client_cpus", "rest_qps", "slo_ms", "budget_s"):

@@ -19,7 +19,7 @@ import numpy as np
 
 
 def token_bucket(tokens: int) -> int:
-    """custom_ops/kernels/cuda/encoder.cu TokenBucket: multiples of 16 up to 256, then 32 steps per octave."""
+    """custom_ops/kernels/cuda/encoder.cu TokenBucket: multiples of 16 up to 256, then 16 steps per power of two."""
     if tokens <= 256:
         return max(16, (tokens + 15) // 16 * 16)
     step = 1
