@@ -343,6 +343,14 @@ def targets(result: dict, slo_ms: float) -> dict:
         out["overhead"] = {"target": f"P50 within {OVERHEAD_P50_MS:g} ms of the replay's at {OVERHEAD_QPS:g} QPS",
                            "server_p50_ms": served["p50_ms"], "replay_p50_ms": replayed["p50_ms"],
                            "gap_ms": round(gap, 3), "met": gap <= OVERHEAD_P50_MS}
+    # A CUDA graph captured under load would allocate device memory: growth past the memory at AVAILABLE hints
+    # at a shape the warmup missed (or at TensorFlow's allocator growing for more batches in flight).
+    server = result.get("server", {})
+    peaks = [r["gpu"]["memory_used_max_mib"] for r in sweep if "memory_used_max_mib" in r["gpu"]]
+    out["warmup"] = {"start_to_available_s": server.get("start_to_available_s"),
+                     "gpu_memory_growth_under_load_mib": (round(max(peaks) - server["gpu_memory_available_mib"], 1)
+                                                          if peaks and server.get("gpu_memory_available_mib")
+                                                          else None)}
     first = next((i for i, r in enumerate(sweep) if r["saturated"]), len(sweep))
     out["errors_below_saturation"] = {"failed": sum(r["errors"] for r in sweep[:first]),
                                       "met": all(r["errors"] == 0 for r in sweep[:first])}
@@ -369,37 +377,35 @@ def plot(result: dict, runs: Sequence[RunStats], path: str, title: str, slo_ms: 
     report.plot_latency_vs_qps(runs, path, title, slo_ms, reference)
 
 
-def main(argv: Sequence[str]) -> int:
-    args = parse_args(argv)
-    # This process exports and writes files with TensorFlow: left to itself it would claim GPU:0's memory, which
-    # belongs to the server (and the replay and memory probes after it).
-    tf.config.set_visible_devices([], "GPU")
-    part = PARTS[args.part]
-    defaults = CPU if args.cpu else GPU
-    for field in ("rates", "duration", "clients", "client_cpus", "rest_qps", "slo_ms", "budget_s"):
-        if getattr(args, field) is None:
-            setattr(args, field, getattr(defaults, field))
-    budget = Budget(args.budget_s)
-    serve_flags = list(args.serve_flag)
+@dataclasses.dataclass
+class Setup:
+    """What the server and the load stand on, from prepare()."""
+
+    source: str
+    precision: str
+    version_dir: str
+    shape: RequestShape
+    names: list[str]
+    batching: BatchingCandidate
+    files: dict[str, str]  # models, batching, monitoring
+    env: dict[str, str]  # for the server and the GPU probes
+    client_cpus: list[int] | None
+    server_cpus: list[int] | None
+    work: str
+
+
+def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Result) -> Setup:
+    """The export and its bucket warmup, the config files, then (as the part asks) GPU memory per model and
+    tune-batching: all before the measured server starts, while the GPU is free."""
     source = "tiny" if args.cpu else part.source
     precision = "fp32" if args.cpu else args.precision  # the CPU kernels' half path is not what this measures
-    gpu = GpuSampler()
-    if not args.cpu and gpu.name is None:
-        raise SystemExit("no GPU found (NVML, nvidia-smi): run with --cpu on a machine without one")
-    stem = (gpu_result_name(gpu.name, f"serving_{args.part}") if not args.cpu else f"cpu_serving_{args.part}.json")
-    os.makedirs(args.out, exist_ok=True)
     work = args.workdir or tempfile.mkdtemp(prefix="serve_sweep-")
-    result = Result(os.path.join(args.out, stem), {
-        "part": args.part, "command": " ".join([os.path.basename(sys.argv[0]), *argv]), "commit": _commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu.name, "host": machine(),
-        "python": platform.python_version()})
     lengths = tuple(int(n) for n in read_lengths(args.lengths))
     cpus = sorted(os.sched_getaffinity(0))
     client_cpus = cpus[-args.client_cpus:] if args.client_cpus else None
     server_cpus = cpus[:-args.client_cpus] if args.client_cpus else None
-    gpu_env = dict(os.environ, TF_FORCE_GPU_ALLOW_GROWTH="true", **({} if args.cpu else {"CUDA_VISIBLE_DEVICES": "0"}))
+    env = dict(os.environ, TF_FORCE_GPU_ALLOW_GROWTH="true", **({} if args.cpu else {"CUDA_VISIBLE_DEVICES": "0"}))
 
-    # The model, its warmup, the config files.
     start = time.monotonic()
     version_dir, config = serving_setup.export_version(source, precision, os.path.join(work, "models"), args.carry)
     shape = RequestShape(REPLIES, SEQ, lengths, config.vocab_size)
@@ -419,8 +425,8 @@ def main(argv: Sequence[str]) -> int:
     result.data["warmup"] = {"records": records, "batch_sizes": warm_sizes,
                              "covers": f"every (allowed batch size, token bucket) for pair lengths "
                                        f"{min(lengths)}..{min(max(lengths), SEQ)}"}
-    files = serving_setup.write_config_files(os.path.join(work, "config"), names, os.path.dirname(version_dir),
-                                             batching)
+    config_dir = os.path.join(work, "config")
+    files = serving_setup.write_config_files(config_dir, names, os.path.dirname(version_dir), batching)
     result.save()
 
     if part.memory:
@@ -429,97 +435,140 @@ def main(argv: Sequence[str]) -> int:
             fp32_dir, _ = serving_setup.export_version(source, "fp32", os.path.join(work, "models_fp32"), args.carry)
             serving_setup.warm_every_bucket(fp32_dir, shape, warm_sizes)
             dirs["fp32"] = fp32_dir
-        result.data["memory_per_model"] = memory_per_model(source, dirs, args.memory_copies, gpu_env, work)
+        result.data["memory_per_model"] = memory_per_model(source, dirs, args.memory_copies, env, work)
         result.save()
-
     if args.batching == "tune":
-        batching, tuned = tune_batching(args, tune_grid, files["models"], names[0], work, gpu_env,
-                                        serve_flags + [f"--monitoring_config_file={files['monitoring']}"])
+        batching, result.data["tune_batching"] = tune_batching(
+            args, tune_grid, files["models"], names[0], work, env,
+            list(args.serve_flag) + [f"--monitoring_config_file={files['monitoring']}"])
         batching_source = "bertserve tune-batching on this machine"
-        result.data["tune_batching"] = tuned
-        files = serving_setup.write_config_files(os.path.join(work, "config"), names, os.path.dirname(version_dir),
-                                                 batching)
+        files = serving_setup.write_config_files(config_dir, names, os.path.dirname(version_dir), batching)
     result.data["batching"] = {**dataclasses.asdict(batching), "source": batching_source}
     result.save()
+    return Setup(source, precision, version_dir, shape, names, batching, files, env, client_cpus, server_cpus, work)
 
+
+def start_server(args: argparse.Namespace, setup: Setup, gpu: GpuSampler, budget: Budget,
+                 result: Result) -> ServerProcess:
+    """`bertserve serve` on the server's cores, timed from start to every model AVAILABLE."""
+    files = setup.files
     flags = [f"--model_config_file={files['models']}", "--enable_batching=true",
              f"--batching_parameters_file={files['batching']}", f"--monitoring_config_file={files['monitoring']}",
-             "--file_system_poll_wait_seconds=1", *serve_flags]
-    models = tuple(ModelSpec(n) for n in names)
-    runs: list[RunStats] = []
-    rates = _csv(args.rates)
-    with gpu:
-        memory_before = gpu.memory_mib()
-        start = time.monotonic()
-        server = ServerProcess(flags, os.path.join(work, "serve.log"), env=gpu_env)
+             "--file_system_poll_wait_seconds=1", *args.serve_flag]
+    memory_before = gpu.memory_mib()
+    start = time.monotonic()
+    server = ServerProcess(flags, os.path.join(setup.work, "serve.log"), env=setup.env)
+    result.data["server"] = {"flags": flags, "env": {k: setup.env[k] for k in ("TF_FORCE_GPU_ALLOW_GROWTH",
+                                                                               "CUDA_VISIBLE_DEVICES")
+                                                     if k in setup.env}}
+    if setup.server_cpus:
         try:
-            if server_cpus:
-                try:
-                    os.sched_setaffinity(server.proc.pid, server_cpus)
-                except OSError as error:
-                    result.data["load"]["server_cpus"] = f"pinning refused: {error}"
-            server.wait_until_available(names, timeout_s=max(60.0, budget.left() - 60))
-            available_s = time.monotonic() - start
-            memory_after = gpu.memory_mib()
-            result.data["server"] = {
-                "flags": flags, "env": {k: gpu_env[k] for k in ("TF_FORCE_GPU_ALLOW_GROWTH", "CUDA_VISIBLE_DEVICES")
-                                        if k in gpu_env},
-                "start_to_available_s": round(available_s, 1),
-                "warmup_log": re.findall(r"model \S+ version \d+: warmed up with \d+ requests", server.log()),
-                "gpu_memory_before_mib": memory_before, "gpu_memory_available_mib": memory_after,
-                "gpu_memory_per_model_mib": (round((memory_after - memory_before) / len(names), 1)
-                                             if memory_before is not None else None)}
-            print(f"AVAILABLE after {available_s:.1f} s ({records} warmup records per model)", flush=True)
+            os.sched_setaffinity(server.proc.pid, setup.server_cpus)
+        except OSError as error:
+            result.data["load"]["server_cpus"] = f"pinning refused: {error}"
+    try:
+        server.wait_until_available(setup.names, timeout_s=max(60.0, budget.left() - 60))
+    except BaseException:
+        server.terminate()
+        raise
+    available_s = time.monotonic() - start
+    memory_after = gpu.memory_mib()
+    result.data["server"].update({
+        "start_to_available_s": round(available_s, 1),
+        "warmup_log": re.findall(r"model \S+ version \d+: warmed up with \d+ requests", server.log()),
+        "gpu_memory_before_mib": memory_before, "gpu_memory_available_mib": memory_after,
+        "gpu_memory_per_model_mib": (round((memory_after - memory_before) / len(setup.names), 1)
+                                     if memory_before is not None else None)})
+    print(f"AVAILABLE after {available_s:.1f} s ({result.data['warmup']['records']} warmup records per model)",
+          flush=True)
+    result.save()
+    return server
+
+
+def load_the_server(args: argparse.Namespace, part: Part, setup: Setup, server: ServerProcess, gpu: GpuSampler,
+                    budget: Budget, result: Result) -> list[RunStats]:
+    """The sweep, then recovery and the version swap on the same client processes, then the REST load."""
+    models = tuple(ModelSpec(n) for n in setup.names)
+    spec = LoadSpec((server.target,), models, setup.shape, args.timeout)
+    rates = _csv(args.rates)
+    with ClientProcesses(spec, args.clients, setup.client_cpus) as load:
+        runs = sweep_rates(load, server, gpu, rates, args, budget, result)
+        result.data["load"]["client_process_cores"] = load.cores
+        best = [r for r in runs if meets_slo(r, SweepConfig(slo_p99_ms=args.slo_ms))]
+        low = args.recovery_qps or (max(r.load for r in best) / 2 if best else rates[0])
+        if part.recovery and runs:
+            if budget.allows(args.overload_s + args.recovery_s + args.reserve_s / 2):
+                result.data["recovery"] = recovery_step(load, server, gpu, runs[-1].load, low, args)
+                result.save()
+            else:
+                result.skip("recovery", f"{budget.left():.0f} s left")
+        if part.swap and not args.no_swap:
+            if budget.allows(args.swap_s + args.reserve_s / 2):
+                result.data["swap"] = swap_step(load, server, gpu, setup.version_dir, setup.names[0], low, args)
+                result.save()
+            else:
+                result.skip("swap", f"{budget.left():.0f} s left")
+    if part.rest and args.rest_qps > 0:
+        if budget.allows(args.duration + 30):
+            rest_spec = LoadSpec((server.rest_target,), models, setup.shape, args.timeout, api="rest")
+            with ClientProcesses(rest_spec, args.rest_clients, setup.client_cpus) as load:
+                _, row = measured_step(load, server, gpu, [Phase(args.rest_qps, args.duration)], seed=303)
+            _print_step("REST", row)
+            result.data["rest"] = row
             result.save()
-            spec = LoadSpec((server.target,), models, shape, args.timeout)
-            with ClientProcesses(spec, args.clients, client_cpus) as load:
-                runs = sweep_rates(load, server, gpu, rates, args, budget, result)
-                result.data["load"]["client_process_cores"] = load.cores
-                best = [r for r in runs if meets_slo(r, SweepConfig(slo_p99_ms=args.slo_ms))]
-                low = args.recovery_qps or (max(r.load for r in best) / 2 if best else rates[0])
-                if part.recovery and runs:
-                    if budget.allows(args.overload_s + args.recovery_s + args.reserve_s / 2):
-                        result.data["recovery"] = recovery_step(load, server, gpu, runs[-1].load, low, args)
-                        result.save()
-                    else:
-                        result.skip("recovery", f"{budget.left():.0f} s left")
-                if part.swap and not args.no_swap:
-                    if budget.allows(args.swap_s + args.reserve_s / 2):
-                        result.data["swap"] = swap_step(load, server, gpu, version_dir, names[0], low, args)
-                        result.save()
-                    else:
-                        result.skip("swap", f"{budget.left():.0f} s left")
-            if part.rest and args.rest_qps > 0:
-                if budget.allows(args.duration + 30):
-                    rest_spec = LoadSpec((server.rest_target,), models, shape, args.timeout, api="rest")
-                    with ClientProcesses(rest_spec, args.rest_clients, client_cpus) as load:
-                        _, row = measured_step(load, server, gpu, [Phase(args.rest_qps, args.duration)], seed=303)
-                    _print_step("REST", row)
-                    result.data["rest"] = row
-                    result.save()
-                else:
-                    result.skip("rest", f"{budget.left():.0f} s left")
+        else:
+            result.skip("rest", f"{budget.left():.0f} s left")
+    return runs
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parse_args(argv)
+    # This process exports and writes files with TensorFlow: left to itself it would claim GPU:0's memory, which
+    # belongs to the server (and the replay and memory probes after it).
+    tf.config.set_visible_devices([], "GPU")
+    part = PARTS[args.part]
+    defaults = CPU if args.cpu else GPU
+    for field in ("rates", "duration", "clients", "client_cpus", "rest_qps", "slo_ms", "budget_s"):
+        if getattr(args, field) is None:
+            setattr(args, field, getattr(defaults, field))
+    budget = Budget(args.budget_s)
+    gpu = GpuSampler()
+    if not args.cpu and gpu.name is None:
+        raise SystemExit("no GPU found (NVML, nvidia-smi): run with --cpu on a machine without one")
+    os.makedirs(args.out, exist_ok=True)
+    stem = gpu_result_name(gpu.name, f"serving_{args.part}") if not args.cpu else f"cpu_serving_{args.part}.json"
+    result = Result(os.path.join(args.out, stem), {
+        "part": args.part, "command": " ".join([os.path.basename(sys.argv[0]), *argv]), "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu.name, "host": machine(),
+        "python": platform.python_version()})
+    setup = prepare(args, part, defaults, result)
+
+    with gpu:
+        server = start_server(args, setup, gpu, budget, result)
+        try:
+            runs = load_the_server(args, part, setup, server, gpu, budget, result)
         finally:
-            exit_code = server.terminate()
-            result.data.setdefault("server", {})["exit_code"] = exit_code
-            result.data["server"]["log_tail"] = server.log_tail(15)
+            result.data["server"].update(exit_code=server.terminate(), log_tail=server.log_tail(15))
             result.save()
 
     if part.replay and not args.no_replay:
-        replay_rates = [r.load for r in runs] or rates
+        replay_rates = [r.load for r in runs]
         if args.cpu:
             result.skip("replay", "the harness replay needs the CUDA core (a GPU)")
+        elif not replay_rates:
+            result.skip("replay", "no sweep step ran")
         elif not os.path.exists(args.harness_lib):
             result.skip("replay", f"no harness library at {args.harness_lib} (carry .device_carry/cuda)")
         elif budget.allows(30 + len(replay_rates) * (args.replay_seconds + 1)):
-            result.data["replay"] = run_replay(args, source, batching, replay_rates, gpu_env, work)
+            result.data["replay"] = run_replay(args, setup.source, setup.batching, replay_rates, setup.env,
+                                               setup.work)
         else:
             result.skip("replay", f"{budget.left():.0f} s left")
     result.data["targets"] = targets(result.data, args.slo_ms)
     result.data["wall_s"] = round(args.budget_s - budget.left(), 1)
     result.save()
     if runs:
-        title = (f"bertserve serve, {args.part}: {source} {precision}, {REPLIES} pairs/query, "
+        title = (f"bertserve serve, {args.part}: {setup.source} {setup.precision}, {REPLIES} pairs/query, "
                  f"{args.clients} client processes; {gpu.name or report.machine_label()}")
         print(report.markdown_table(runs, title))
         plot(result.data, runs, os.path.splitext(result.path)[0] + ".png", title, args.slo_ms)
