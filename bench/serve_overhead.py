@@ -4,11 +4,14 @@ Three parts, all on this machine, side by side in one run (the CPUs are shared: 
 
 1. tiny model (1 layer, hidden 32: model time is negligible, so the server's own cost shows): latency of one
    single-row Predict over gRPC with and without server-side batching, and over REST on a kept-alive connection
-   and on a new connection per request, vs. a direct in-process call; and the most requests/s one server process
-   sustains (closed loop, many requests in flight, client in this process), with the CPU-seconds the server
-   process and the client spent per request (the client's share of the two cores reported beside it). With
-   --baseline-pythonpath, the same closed loop also runs against a server from another checkout (an older
-   design), in alternating rounds, so that both see the same machine load.
+   and on a new connection per request, vs. a direct in-process call; and the most requests/s a server sustains
+   (closed loop, many requests in flight over several connections, client in this process), with the
+   CPU-seconds the server's processes (all, the main one alone, the gRPC front ends) and the client spent per
+   request (the client's share of the two cores reported beside it). Both gRPC designs of this tree run side by
+   side in alternating rounds, so that both see the same machine load: gRPC in the server process
+   (--grpc_front_end_processes=1) and FRONT_END_PROCESSES front-end processes forwarding to it; each round also
+   times GetModelStatus (no model: the cost of carrying a call). With --baseline-pythonpath, a server from
+   another checkout (an older design) joins the rotation.
 2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
    signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
    (as the gRPC handler threads drive it): requests/s and mean batch size.
@@ -38,7 +41,7 @@ import grpc
 import numpy as np
 import requests
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2
+from tensorflow_serving.apis import get_model_status_pb2, predict_pb2
 
 from bertserve.bench.machine import machine
 from bertserve.loadtest.server_process import ServerProcess
@@ -55,6 +58,12 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                          intermediate_size=64, max_position_embeddings=64)
 SEQ = 32
+# HTTP/2 connections of the closed loop: enough that SO_REUSEPORT spreads them over every front-end process.
+CONNECTIONS = 8
+# --grpc_front_end_processes of the multi-process design here (2 cores: one per core; the GPU host takes more).
+FRONT_END_PROCESSES = 2
+MULTI_PROCESS = f"this_tree_{FRONT_END_PROCESSES}_front_end_processes"
+STATUS_METHOD = "/tensorflow.serving.ModelService/GetModelStatus"
 
 
 def export(base: str, name: str, config: BertConfig, variant: str) -> str:
@@ -77,14 +86,18 @@ def request_for(model: str, inputs: dict[str, np.ndarray]) -> predict_pb2.Predic
 class Server:
     """A `bertserve serve` process with gRPC and REST (also the Prometheus metrics)."""
 
-    def __init__(self, name: str, base_path: str, batching: str | None, pythonpath: str | None = None):
-        """pythonpath: where `bertserve` comes from for the server (None: this checkout)."""
+    def __init__(self, name: str, base_path: str, batching: str | None, pythonpath: str | None = None,
+                 front_end_processes: int = 1):
+        """pythonpath: where `bertserve` comes from for the server (None: this checkout); front_end_processes:
+        --grpc_front_end_processes (1: gRPC in the server process, the only mode older designs have)."""
         self.name = name
         self.files = tempfile.TemporaryDirectory()
         monitoring = os.path.join(self.files.name, "monitoring.config")
         with open(monitoring, "w", encoding="utf-8") as handle:
             handle.write(f'prometheus_config {{ enable: true path: "{DEFAULT_PROMETHEUS_PATH}" }}')
         flags = [f"--model_name={name}", f"--model_base_path={base_path}", f"--monitoring_config_file={monitoring}"]
+        if front_end_processes > 1:
+            flags.append(f"--grpc_front_end_processes={front_end_processes}")
         if batching is not None:
             batching_file = os.path.join(self.files.name, "batching.txt")
             with open(batching_file, "w", encoding="utf-8") as handle:
@@ -143,22 +156,33 @@ def rest_predict(http, server: Server, body: dict) -> None:
     reply.raise_for_status()
 
 
-def _cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
+    return sum(times.user + times.system for times in (process.cpu_times() for process in processes))
 
 
-def closed_loop_rps(server: Server, request, in_flight: int, seconds: float) -> dict:
-    """Keeps `in_flight` Predicts outstanding for `seconds`; completed requests/s, errors, and the CPU-seconds per
-    request of the server process and of this client (request bytes serialized once, so the client's share is
-    the gRPC call itself)."""
-    call = server.server.channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+def _grpc_connections(process: psutil.Process, port: int) -> int:
+    return sum(1 for connection in process.net_connections("tcp")
+               if connection.status == psutil.CONN_ESTABLISHED and connection.laddr.port == port)
+
+
+def closed_loop_rps(server: Server, request, in_flight: int, seconds: float, connections: int = CONNECTIONS,
+                    method: str = "/tensorflow.serving.PredictionService/Predict") -> dict:
+    """Keeps `in_flight` calls of `method` (Predict) outstanding for `seconds`, spread over `connections` HTTP/2 connections (the
+    kernel spreads connections, not calls, over front-end processes); completed requests/s, errors, and the
+    CPU-seconds per request of the server's processes (all of them, the main one alone, its front-end processes)
+    and of this client (request bytes serialized once, so the client's share is the gRPC call itself)."""
+    channels = [grpc.insecure_channel(server.server.target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(connections)]
+    calls = [channel.unary_unary(method) for channel in channels]
     raw = request.SerializeToString()
-    state = {"ok": 0, "errors": 0, "outstanding": in_flight}
+    state = {"ok": 0, "errors": 0, "outstanding": in_flight, "sent": 0}
     lock, finished = threading.Lock(), threading.Event()
     end = time.monotonic() + seconds
 
     def fire() -> None:
+        with lock:
+            state["sent"] += 1
+            call = calls[state["sent"] % connections]
         call.future(raw, timeout=60).add_done_callback(done)
 
     def done(future) -> None:
@@ -172,37 +196,56 @@ def closed_loop_rps(server: Server, request, in_flight: int, seconds: float) -> 
         if again:
             fire()
 
-    server_process, client_process = psutil.Process(server.server.proc.pid), psutil.Process()
-    server_before, client_before = _cpu_seconds(server_process), _cpu_seconds(client_process)
+    main = psutil.Process(server.server.proc.pid)
+    front_ends, client = main.children(), psutil.Process()
+    for call in calls:  # connect every channel before timing
+        call(raw, timeout=60)
+    spread = sorted(_grpc_connections(process, server.server.grpc_port) for process in (front_ends or [main]))
+    main_before, front_ends_before, client_before = (_cpu_seconds(group) for group in ([main], front_ends, [client]))
     start = time.monotonic()
     for _ in range(in_flight):
         fire()
     finished.wait(seconds + 120)
     elapsed = time.monotonic() - start
-    server_cpu, client_cpu = _cpu_seconds(server_process) - server_before, _cpu_seconds(client_process) - client_before
+    main_cpu = _cpu_seconds([main]) - main_before
+    front_ends_cpu = _cpu_seconds(front_ends) - front_ends_before
+    client_cpu = _cpu_seconds([client]) - client_before
+    for channel in channels:
+        channel.close()
+    server_cpu = main_cpu + front_ends_cpu
     done_count = max(state["ok"], 1)
     return {"requests_per_s": round(state["ok"] / elapsed, 1), "errors": state["errors"], "in_flight": in_flight,
-            "seconds": round(elapsed, 1),
+            "seconds": round(elapsed, 1), "front_end_processes": len(front_ends),
+            "connections_per_grpc_process": spread,
             "server_cpu_us_per_request": round(server_cpu / done_count * 1e6, 1),
+            "main_process_cpu_us_per_request": round(main_cpu / done_count * 1e6, 1),
+            "front_end_processes_cpu_us_per_request": round(front_ends_cpu / done_count * 1e6, 1),
             "client_cpu_us_per_request": round(client_cpu / done_count * 1e6, 1),
-            "server_cores_busy": round(server_cpu / elapsed, 2), "client_cores_busy": round(client_cpu / elapsed, 2),
+            "server_cores_busy": round(server_cpu / elapsed, 2), "main_process_cores_busy": round(main_cpu / elapsed, 2),
+            "client_cores_busy": round(client_cpu / elapsed, 2),
             "client_share_of_cpu": round(client_cpu / max(server_cpu + client_cpu, 1e-9), 3)}
 
 
-def side_by_side_throughput(path: str, request, designs: dict[str, str | None], rounds: int,
+def side_by_side_throughput(path: str, request, designs: dict[str, tuple[str | None, int]], rounds: int,
                             seconds: float) -> dict:
-    """The batching closed loop against each design's server, rounds alternating; each design's best round
-    (the least disturbed by other work on the shared cores) and every round."""
+    """The batching closed loop against each design's server (name -> (PYTHONPATH, front-end processes)), rounds
+    alternating; each design's best round (the least disturbed by other work on the shared cores) and every
+    round. Each round also runs GetModelStatus in a closed loop: no model, no batch, so its CPU per call is what
+    carrying a call costs (gRPC, and in the multi-process design the hand-off to the main process)."""
+    status = get_model_status_pb2.GetModelStatusRequest()
+    status.model_spec.name = "tiny"
     results: dict[str, list[dict]] = {name: [] for name in designs}
     with contextlib.ExitStack() as stack:
-        servers = {name: stack.enter_context(contextlib.closing(Server("tiny", path, BATCHING_TINY, pythonpath)))
-                   for name, pythonpath in designs.items()}
+        servers = {name: stack.enter_context(contextlib.closing(Server("tiny", path, BATCHING_TINY, pythonpath,
+                                                                       processes)))
+                   for name, (pythonpath, processes) in designs.items()}
         for _ in range(rounds):
             for name, server in servers.items():
                 rows_before, batches_before = server.batch_sizes()
                 result = closed_loop_rps(server, request, 64, seconds)
                 rows, batches = (a - b for a, b in zip(server.batch_sizes(), (rows_before, batches_before)))
                 result["mean_rows_per_executed_batch"] = round(rows / max(batches, 1), 2)
+                result["get_model_status"] = closed_loop_rps(server, status, 64, seconds / 2, method=STATUS_METHOD)
                 results[name].append(result)
     return {name: {"best": max(runs, key=lambda r: r["requests_per_s"]), "rounds": runs}
             for name, runs in results.items()}
@@ -223,22 +266,28 @@ def tiny_part(base: str, quick: bool, baseline: tuple[str, str] | None) -> dict:
         plain = servers.enter_context(contextlib.closing(Server("tiny", path, None)))
         session = servers.enter_context(requests.Session())
         batching = servers.enter_context(contextlib.closing(Server("tiny", path, BATCHING_TINY)))
+        forwarded = servers.enter_context(contextlib.closing(Server("tiny", path, BATCHING_TINY,
+                                                                    front_end_processes=FRONT_END_PROCESSES)))
         latency = interleaved_latency_us({
             "direct_call": lambda: function(**{k: tf.constant(v) for k, v in one_row.items()})["scores"].numpy(),
             "grpc_no_batching": lambda: plain.stub.Predict(request, timeout=30),
             "grpc_batching": lambda: batching.stub.Predict(request, timeout=30),
+            "grpc_batching_front_end_processes": lambda: forwarded.stub.Predict(request, timeout=30),
             "rest_keep_alive": lambda: rest_predict(session, plain, rest_body),
             "rest_new_connection": lambda: rest_predict(requests, plain, rest_body)}, 300 if quick else 2000)
         no_batching = closed_loop_rps(plain, request, 64, 3 if quick else 10)
-    designs = {"this_tree": None, **({baseline[0]: baseline[1]} if baseline else {})}
+    designs = {"this_tree": (None, 1), MULTI_PROCESS: (None, FRONT_END_PROCESSES),
+               **({baseline[0]: (baseline[1], 1)} if baseline else {})}
     throughput = side_by_side_throughput(path, request, designs, 1 if quick else 3, 3 if quick else 10)
     direct_p50 = latency["direct_call"]["p50_us"]
     return {"model": "1 layer, hidden 32, seq 32, one row per request; latency: one request at a time",
             "latency": latency,
             "server_cost_us_p50": {name: round(latency[name]["p50_us"] - direct_p50, 1)
-                                   for name in ("grpc_no_batching", "grpc_batching", "rest_keep_alive",
+                                   for name in ("grpc_no_batching", "grpc_batching",
+                                                "grpc_batching_front_end_processes", "rest_keep_alive",
                                                 "rest_new_connection")},
-            "max_throughput": {"grpc_no_batching": no_batching, "grpc_batching": throughput["this_tree"]["best"]},
+            "max_throughput": {"grpc_no_batching": no_batching, "grpc_batching": throughput["this_tree"]["best"],
+                               "grpc_batching_front_end_processes": throughput[MULTI_PROCESS]["best"]},
             "grpc_batching_side_by_side": {
                 "batching": BATCHING_TINY, "in_flight": 64,
                 "note": "rounds alternate between the designs' servers; best: the round with the most requests/s",
