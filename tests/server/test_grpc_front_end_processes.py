@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -179,3 +180,17 @@ def test_full_queue_refuses_deadlines_hold_and_sigterm_drains(models_dir, tmp_pa
     assert not [p for p in front_ends if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     for channel in channels:
         channel.close()
+
+
+def test_front_ends_that_cannot_listen_stop_the_server(models_dir, start_server):
+    """A port held by a listener that does not share it: the front ends cannot bind, and the server exits non-zero
+    with the reason instead of running without gRPC."""
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = start_server("--model_name=tiny", f"--model_base_path={models_dir}/tiny", f"--port={port}",
+                              "--grpc_front_end_processes=2", ready=False)
+        assert server.proc.wait(120) == 1
+    assert f"cannot listen for gRPC on 0.0.0.0:{port}" in server.log()
+    assert "before it listened" in server.log()
