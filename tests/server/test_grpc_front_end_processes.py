@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, prediction_service_pb2_grpc)
 
-from serving_harness import ServerProcess
+from serving_harness import REPO_ROOT, ServerProcess, metric_total
 from tiny_models import direct_scores, predict_request, tensor, token_inputs
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -137,7 +137,8 @@ def test_full_queue_refuses_deadlines_hold_and_sigterm_drains(models_dir, tmp_pa
         "max_batch_size { value: 8 } max_enqueued_batches { value: 2 } num_batch_threads { value: 1 } "
         "batch_timeout_micros { value: 0 }")
     server = start_server("--model_name=slow", f"--model_base_path={models_dir}/slow", "--enable_batching",
-                          f"--batching_parameters_file={tmp_path / 'batching.txt'}", "--grpc_front_end_processes=2")
+                          f"--batching_parameters_file={tmp_path / 'batching.txt'}", "--grpc_front_end_processes=2",
+                          f"--monitoring_config_file={os.path.join(REPO_ROOT, 'serving_config', 'monitoring.config')}")
     request = predict_request("slow", token_inputs(1, 8))
     channels = _channels(server.target, 4)
     stubs = [prediction_service_pb2_grpc.PredictionServiceStub(channel) for channel in channels]
@@ -164,10 +165,20 @@ def test_full_queue_refuses_deadlines_hold_and_sigterm_drains(models_dir, tmp_pa
     refused = sorted(seconds for code, seconds in answered if code == grpc.StatusCode.UNAVAILABLE)
     assert len(refused) > 150 and refused[len(refused) // 2] < 2.0, refused[len(refused) // 2]
 
-    # The client's deadline reaches the main process: a call that cannot finish in time ends DEADLINE_EXCEEDED.
+    # The client's deadline reaches the main process: behind a busy batch, the call ends DEADLINE_EXCEEDED there
+    # (or CANCELLED, when the front end's cancel arrives first) instead of running after the client gave up.
+    def given_up() -> float:
+        text = server.metrics_text()
+        return sum(metric_total(text, ":tensorflow:serving:request_count", model_name="slow", status=status)
+                   for status in ("DEADLINE_EXCEEDED", "CANCELLED"))
+
+    before = given_up()
+    busy = [stubs[i % len(stubs)].Predict.future(request, timeout=30) for i in range(8)]
     with pytest.raises(grpc.RpcError) as info:
-        stubs[0].Predict(request, timeout=0.05)
+        stubs[0].Predict(request, timeout=0.1)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert all(future.result().model_spec.name == "slow" for future in busy)
+    assert given_up() == before + 1
 
     # SIGTERM: the calls in flight still get their answers, then every process exits.
     front_ends = _front_ends(server)
