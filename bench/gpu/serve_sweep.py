@@ -33,6 +33,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from typing import Sequence
 
 import grpc
 import numpy as np
+import psutil
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
@@ -58,6 +60,7 @@ from bertserve.loadtest.tuner import BatchingCandidate
 from bertserve.train.pairs import LENGTHS, read_lengths
 
 HERE = os.path.dirname(os.path.realpath(__file__))
+SAMPLER_PATH = os.path.join(HERE, "server_profile")  # its sitecustomize.py installs stack_sampler.py
 CARRY = os.path.join(os.path.dirname(os.path.dirname(HERE)), ".device_carry")
 SEQ = 32
 REPLIES = 32
@@ -258,6 +261,40 @@ def swap_step(load: ClientProcesses, server: ServerProcess, gpu: GpuSampler, ver
     return row
 
 
+def _server_processes(server: ServerProcess) -> list[int]:
+    """The server and its Python children (front-end processes): the ones whose sitecustomize installed the
+    sampler's signal handlers (a signal to any other process would end it)."""
+    parent = psutil.Process(server.proc.pid)
+    return [parent.pid] + [p.pid for p in parent.children(recursive=True) if "python" in p.name().lower()]
+
+
+def profile_step(load: ClientProcesses, server: ServerProcess, gpu: GpuSampler, qps: float, folder: str,
+                 args: argparse.Namespace) -> dict:
+    """A run at qps with the server's threads sampled (stack_sampler.py): where its CPU time goes per thread."""
+    shutil.rmtree(folder, ignore_errors=True)
+    pids = _server_processes(server)
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    _, row = measured_step(load, server, gpu, [Phase(qps, args.profile_s)], seed=404)
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + 30
+    paths = [os.path.join(folder, f"{pid}.json") for pid in pids]
+    while time.monotonic() < deadline and not all(os.path.exists(p) for p in paths):
+        time.sleep(0.2)
+    row["stack_samples"] = {}
+    for pid, path in zip(pids, paths):
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                row["stack_samples"][f"pid {pid}" + (" (main)" if pid == pids[0] else "")] = json.load(f)
+    _print_step("profiled", row)
+    for pid, samples in row["stack_samples"].items():
+        for name, thread in list(samples["threads"].items())[:4]:
+            print(f"  {pid} {name} x{thread['threads']}: busy {thread['busy_share']:.0%}, on top: "
+                  + ", ".join(f"{k} {v}%" for k, v in list(thread["top"].items())[:5]), flush=True)
+    return row
+
+
 def choose_batching(args: argparse.Namespace, defaults: Defaults) -> tuple[BatchingCandidate, str]:
     """The batching parameters given by hand: --batching_file, or the flags over the defaults."""
     if args.batching_file:
@@ -392,6 +429,7 @@ class Setup:
     client_cpus: list[int] | None
     server_cpus: list[int] | None
     work: str
+    profile_dir: str  # where the server's stack sampler writes
 
 
 def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Result) -> Setup:
@@ -405,6 +443,10 @@ def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Re
     client_cpus = cpus[-args.client_cpus:] if args.client_cpus else None
     server_cpus = cpus[:-args.client_cpus] if args.client_cpus else None
     env = dict(os.environ, TF_FORCE_GPU_ALLOW_GROWTH="true", **({} if args.cpu else {"CUDA_VISIBLE_DEVICES": "0"}))
+    profile_dir = os.path.join(work, "stack_samples")
+    if args.profile_s > 0:  # the stack sampler waits in the server for profile_step's signals
+        env.update(PYTHONPATH=os.pathsep.join(filter(None, [SAMPLER_PATH, env.get("PYTHONPATH")])),
+                   BERTSERVE_STACK_SAMPLES=profile_dir)
 
     start = time.monotonic()
     version_dir, config = serving_setup.export_version(source, precision, os.path.join(work, "models"), args.carry)
@@ -445,7 +487,8 @@ def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Re
         files = serving_setup.write_config_files(config_dir, names, os.path.dirname(version_dir), batching)
     result.data["batching"] = {**dataclasses.asdict(batching), "source": batching_source}
     result.save()
-    return Setup(source, precision, version_dir, shape, names, batching, files, env, client_cpus, server_cpus, work)
+    return Setup(source, precision, version_dir, shape, names, batching, files, env, client_cpus, server_cpus, work,
+                 profile_dir)
 
 
 def start_server(args: argparse.Namespace, setup: Setup, gpu: GpuSampler, budget: Budget,
@@ -496,6 +539,14 @@ def load_the_server(args: argparse.Namespace, part: Part, setup: Setup, server: 
         result.data["load"]["client_process_cores"] = load.cores
         best = [r for r in runs if meets_slo(r, SweepConfig(slo_p99_ms=args.slo_ms))]
         low = args.recovery_qps or (max(r.load for r in best) / 2 if best else rates[0])
+        if args.profile_s > 0 and runs:
+            unsaturated = [r.load for r in runs if not saturation(r, SweepConfig(slo_p99_ms=args.slo_ms))]
+            qps = args.profile_qps or max(unsaturated, default=rates[0])
+            if budget.allows(args.profile_s + args.reserve_s / 2):
+                result.data["server_profile"] = profile_step(load, server, gpu, qps, setup.profile_dir, args)
+                result.save()
+            else:
+                result.skip("server_profile", f"{budget.left():.0f} s left")
         if part.recovery and runs:
             if budget.allows(args.overload_s + args.recovery_s + args.reserve_s / 2):
                 result.data["recovery"] = recovery_step(load, server, gpu, runs[-1].load, low, args)
@@ -618,6 +669,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--swap_at_s", type=float, default=3.0)
     p.add_argument("--no_swap", action="store_true")
     p.add_argument("--timeline_bin_s", type=float, default=0.5)
+    p.add_argument("--profile_s", type=float, default=8.0,
+                   help="a run of this length with the server's threads stack-sampled (0: none)")
+    p.add_argument("--profile_qps", type=float, help="its rate (default: the highest the server kept up with)")
     p.add_argument("--memory_copies", type=int, default=2, help="eight_models: copies loaded per precision")
     p.add_argument("--no_replay", action="store_true")
     p.add_argument("--replay_seconds", type=float, default=2.0)
