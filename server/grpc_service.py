@@ -10,8 +10,9 @@ queues and the model threads can hold); beyond it they are refused UNAVAILABLE a
 full batch queue, instead of piling up. Metadata, status and reload RPCs are not counted, and health is answered
 by the gRPC server itself, so a probe is never refused because of load.
 
-Adding an RPC: an `async def` method here taking (request, deadline) and returning the response message, listed
-in `GrpcApi._handlers`; blocking work runs with
+Adding an RPC of these services: an `async def` method of GrpcApi taking (request, deadline) and returning the
+response message, entered under the method's name in the `handlers` of `GrpcApi.__init__` (request types and
+full names come from the services' descriptors); blocking work runs with
 `asyncio.get_running_loop().run_in_executor(self.predictor.blocking_threads, ...)`.
 """
 
