@@ -43,7 +43,7 @@ def _stack(frame) -> tuple[tuple[str, str], ...]:
 
 
 class StackSampler:
-    def __init__(self, interval_s: float = 0.002):
+    def __init__(self, interval_s: float = 0.005):
         self.interval_s = interval_s
         self.stacks: collections.Counter = collections.Counter()  # (thread name, stack) -> samples
         self.rounds = 0
