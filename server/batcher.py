@@ -215,11 +215,11 @@ class BatchScheduler:
                 queue.batches.clear()
             self.condition.notify_all()
         stranded += [task for task in (running.tasks if running else []) if task.outputs is None and task.error is None]
-        for task in stranded:
-            task.finish(error=unavailable(f"batch scheduler stopped: {reason}"))
-        if first:
+        if first:  # health first: a client told UNAVAILABLE must find the server no longer SERVING
             log.error("batch scheduler stopped: %s", reason)
             self._on_failure(reason)
+        for task in stranded:
+            task.finish(error=unavailable(f"batch scheduler stopped: {reason}"))
 
 
 class BatchingQueue:
