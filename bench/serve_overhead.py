@@ -1,6 +1,6 @@
 """What `bertserve serve` itself costs per request, and how close it gets to calling the SavedModel directly.
 
-Three parts, all on this machine, side by side in one run (the CPUs are shared: quote the ratios):
+Four parts, all on this machine, side by side in one run (the CPUs are shared: quote the ratios):
 
 1. tiny model (1 layer, hidden 32: model time is negligible, so the server's own cost shows): latency of one
    single-row Predict over gRPC with and without server-side batching, and over REST on a kept-alive connection
@@ -15,17 +15,24 @@ Three parts, all on this machine, side by side in one run (the CPUs are shared: 
 2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
    signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
    (as the gRPC handler threads drive it): requests/s and mean batch size.
-3. chit-chat ranker (6 layers, 768, 12 heads, FFN 3072, seq 32, random weights, exported with bertserve.export,
+3. main process ceiling: the code that answers every forwarded call (GrpcApi.answer) driven in this process
+   without gRPC, 1-row and 32-row requests: what the main process alone sustains, and its event loop's CPU per
+   request.
+4. chit-chat ranker (6 layers, 768, 12 heads, FFN 3072, seq 32, random weights, exported with bertserve.export,
    stock fp32 and, if the op library is built, fused fp32): one 32-pair query through the server vs. a direct
    call, and 32 concurrent single-pair requests merged by the batcher vs. a direct batch-32 call.
 
 Run: .venv/bin/python bench/serve_overhead.py [--quick] [--out bench/results/serve_overhead.json]
-     [--baseline-pythonpath DIR --baseline-name NAME]  (DIR holds `bertserve`, e.g. a `git archive` of a commit)
+     [--baseline-pythonpath DIR --baseline-name NAME]  (DIR holds `bertserve`, e.g. a `git archive` of a commit,
+     with this checkout's built custom_ops/_bert_ops.so copied in: without it that server skips the token-input
+     check and is not compared like for like)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -50,8 +57,11 @@ from bertserve.export.saved import warmup_inputs, write_version
 from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
 from bertserve.model_dir import TokenizerSettings
 from bertserve.server.batcher import BatchScheduler, wait_for
-from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH, BatchingOptions
+from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH, BatchingOptions, single_model_config
+from bertserve.server.grpc_service import GrpcApi
+from bertserve.server.manager import ManagerOptions, ModelManager
 from bertserve.server.metrics import ServerMetrics
+from bertserve.server.predict import Predictor
 from bertserve.server.servable import LoadedVersion
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -294,6 +304,53 @@ def tiny_part(base: str, quick: bool, baseline: tuple[str, str] | None) -> dict:
                 **throughput}}
 
 
+def main_process_ceiling(base: str, quick: bool) -> dict:
+    """What the main process alone sustains with --grpc_front_end_processes > 1: GrpcApi.answer (the code that
+    answers every forwarded call: parse, check, batch, encode) driven by 64 concurrent callers on an event loop,
+    request bytes ready, no gRPC and no hand-off; requests/s and CPU-us per request of the event loop's thread
+    and of the whole process (the batch thread and the tiny model's session runs too), for 1-row and 32-row
+    requests. With the hand-off added per call (GetModelStatus, forwarded), it bounds what one server reaches
+    on a host whose other cores run the front ends."""
+    seconds, results = (2 if quick else 6), {}
+    for rows in (1, 32):
+        metrics = ServerMetrics(8 * rows)
+        manager = ModelManager(ManagerOptions(
+            saved_model_tags=frozenset({"serve"}), enable_model_warmup=False, warmup_iterations=1,
+            allow_labels_for_unavailable=False, batching=BatchingOptions(
+                max_batch_size=8 * rows, batch_timeout_micros=0, max_enqueued_batches=1000, num_batch_threads=1)),
+            metrics)
+        manager.apply_config(single_model_config("tiny", os.path.join(base, "tiny")))
+        manager.load_startup_models(threading.Event())
+        with concurrent.futures.ThreadPoolExecutor(4) as blocking_threads:
+            api = GrpcApi(Predictor(manager, metrics, blocking_threads), max_in_flight=1000)
+            payload = request_for("tiny", warmup_inputs(TINY_CONFIG, rows, SEQ)).SerializeToString()
+
+            async def drive(duration: float) -> int:
+                answered, end = 0, time.monotonic() + duration
+
+                async def caller() -> None:
+                    nonlocal answered
+                    while time.monotonic() < end:
+                        answer = await api.answer("/tensorflow.serving.PredictionService/Predict", payload, 60.0)
+                        assert answer.code == 0, answer
+                        answered += 1
+                await asyncio.gather(*(caller() for _ in range(64)))
+                return answered
+
+            asyncio.run(drive(1.0))
+            start, loop_cpu, process_cpu = time.monotonic(), time.thread_time(), time.process_time()
+            count = asyncio.run(drive(seconds))
+            elapsed = time.monotonic() - start
+            results[f"rows_{rows}"] = {
+                "requests_per_s": round(count / elapsed, 1),
+                "event_loop_cpu_us_per_request": round((time.thread_time() - loop_cpu) / count * 1e6, 1),
+                "process_cpu_us_per_request": round((time.process_time() - process_cpu) / count * 1e6, 1),
+                "max_batch_size": 8 * rows}
+        manager.shutdown()
+    return {"driver": "GrpcApi.answer, 64 concurrent callers on one event loop (the bench's thread), tiny model, "
+                      "batching: max_batch_size 8 requests, batch_timeout_micros 0, one batch thread", **results}
+
+
 def batcher_choice(base: str, quick: bool) -> dict:
     """bertserve's Python batching queue vs. TensorFlow's BatchFunction kernel, same knobs, same driver."""
     servable = LoadedVersion("tiny", 1, os.path.join(base, "tiny", "1"), {"serve"})
@@ -405,6 +462,8 @@ def main() -> int:
         print(json.dumps(results["tiny"], indent=1), flush=True)
         results["batcher_choice"] = batcher_choice(base, args.quick)
         print(json.dumps(results["batcher_choice"], indent=1), flush=True)
+        results["main_process_ceiling"] = main_process_ceiling(base, args.quick)
+        print(json.dumps(results["main_process_ceiling"], indent=1), flush=True)
         variants = ["stock"]
         try:
             from bertserve import custom_ops
