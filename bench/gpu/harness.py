@@ -19,9 +19,9 @@ import torch
 
 from bertserve.bench.machine import gpu_result_name, machine
 from bertserve.bench.gpu import core
+from bertserve.bench.gpu.lengths import SEQ, lengths_for  # noqa: F401 - the harness's shapes, for its callers
 from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
 
-SEQ = 32
 WARMUP_S = 0.2  # work before timing: the SM clock ramps up from idle and back from the power cap
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 RESULTS_DIR = os.path.join(REPO_ROOT, "bench", "results")  # the kept results, each overwritten by its script
@@ -47,13 +47,6 @@ def to_torch(arrays, dtype=torch.float32) -> dict[str, torch.Tensor]:
 def chitchat_random() -> tuple[dict, dict[str, torch.Tensor]]:
     """The chit-chat ranker's config and its seeded random float32 weights on the GPU: what every timing runs."""
     return config_dict(CHITCHAT_CONFIG), to_torch(BertWeights.random(CHITCHAT_CONFIG, seed=0).arrays)
-
-
-def lengths_for(dist: str, batch: int, rng: np.random.Generator) -> np.ndarray:
-    """Row lengths: "all32" (every row SEQ tokens) or U[8, SEQ]."""
-    if dist == "all32":
-        return np.full(batch, SEQ, dtype=np.int32)
-    return rng.integers(8, SEQ + 1, batch).astype(np.int32)
 
 
 def event_ms(fn) -> float:

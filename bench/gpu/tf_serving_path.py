@@ -33,20 +33,14 @@ import numpy as np
 import tensorflow as tf
 
 from bertserve import custom_ops
+from bertserve.bench.gpu.lengths import SEQ, lengths_for
 from bertserve.export import graph
 from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
 from bertserve.model_dir import INPUT_NAMES, OUTPUT_NAME, SIGNATURE_NAME
 
-SEQ = 32
 BATCHES = (1, 8, 32, 128, 512, 2048, 8192)
 DISTS = ("U8_32", "all32")
 VARIANTS = (("fused", "fp16"), ("stock", "fp16"), ("fused", "fp32"))
-
-
-def lengths_for(dist: str, batch: int, rng: np.random.Generator) -> np.ndarray:
-    """U[8,32] or all-32 real lengths, as the harness draws them (its module imports torch, which this process
-    keeps out)."""
-    return np.full(batch, SEQ, np.int32) if dist == "all32" else rng.integers(8, SEQ + 1, batch).astype(np.int32)
 
 
 def inputs_for(lengths: np.ndarray, vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -18,9 +18,10 @@ from tensorflow.core.protobuf import config_pb2
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tf_serving_path  # noqa: E402
-from tf_serving_path import export, inputs_for, lengths_for, timed  # noqa: E402
+from tf_serving_path import export, inputs_for, timed  # noqa: E402
 
 from bertserve import custom_ops  # noqa: E402
+from bertserve.bench.gpu.lengths import lengths_for  # noqa: E402
 from bertserve.export import graph  # noqa: E402
 from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights  # noqa: E402
 from bertserve.model_dir import INPUT_NAMES  # noqa: E402
