@@ -18,6 +18,8 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -40,8 +42,25 @@ class _FrontEnd:
     index: int
     process: asyncio.subprocess.Process
     ready: asyncio.Future  # set when it listens
+    # Killed through a pidfd, not Process.kill(): Popen.kill() first polls, and a poll that reaps an exited process
+    # before asyncio's child watcher does makes the watcher report exit code 255 instead of the real one.
+    pidfd: int | None = None
     link: FrameLink | None = None
     calls: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)  # call id -> its answering task
+
+    def kill(self) -> None:
+        """SIGKILL, unless it has exited already; never reaps, so its watcher gets its true exit status."""
+        if self.pidfd is None or self.process.returncode is not None:
+            return
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def close_pidfd(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 class FrontEndProcesses:
@@ -85,7 +104,7 @@ class FrontEndProcesses:
             for front_end in front_ends:
                 if front_end.process.returncode is None:
                     log.error("gRPC front end %d did not exit after the drain; killing it", front_end.index)
-                    front_end.process.kill()
+                    front_end.kill()
             await asyncio.gather(*exits)
         for front_end in front_ends:
             front_end.link.close()
@@ -106,6 +125,10 @@ class FrontEndProcesses:
         finally:
             theirs.close()
         front_end = _FrontEnd(index, process, loop.create_future())
+        try:
+            front_end.pidfd = os.pidfd_open(process.pid)
+        except ProcessLookupError:
+            pass  # it has exited and been reaped already: its watcher reports how
         on_frame, on_lost = functools.partial(self._on_frame, front_end), functools.partial(self._link_lost, front_end)
         _, front_end.link = await loop.connect_accepted_socket(lambda: FrameLink(on_frame, on_lost), sock=ours)
         self._front_ends[index] = front_end
@@ -147,11 +170,12 @@ class FrontEndProcesses:
         for task in front_end.calls.values():
             task.cancel()
         front_end.calls.clear()
-        if front_end.process.returncode is None and not self._stopping:  # when stopping, it closes it as it exits
-            front_end.process.kill()
+        if not self._stopping:  # when stopping, it closes it as it exits
+            front_end.kill()
 
     async def _watch(self, front_end: _FrontEnd) -> None:
         code = await front_end.process.wait()
+        front_end.close_pidfd()
         front_end.link.close()
         if not front_end.ready.done():
             # It never listened: whoever waits for it (start, or the watcher restarting it) reports that.
