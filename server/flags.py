@@ -43,6 +43,7 @@ class ServerOptions:
     load_retry_interval_micros: int = 60 * 1000 * 1000
     prefer_tflite_model: bool = False
     enable_serialization_as_tensor_content: bool = False
+    per_process_gpu_memory_fraction: float = 0.0
     grpc_front_end_processes: int = 1  # bertserve's own flag (serving_config/README.md)
 
     def effective_grpc_threads(self, max_batch_size: int) -> int:
@@ -85,6 +86,8 @@ _HELP = {
     "prefer_tflite_model": "load model.tflite instead of the SavedModel (not supported here: only false)",
     "enable_serialization_as_tensor_content": "Predict outputs in tensor_content instead of the typed fields "
                                               "(float_val, ...)",
+    "per_process_gpu_memory_fraction": "fraction of each GPU's memory this process allocates, between 0.0 and "
+                                       "1.0 (0.0: TensorFlow's default)",
     "grpc_front_end_processes": "not in tensorflow_model_server: processes that terminate gRPC on --port and "
                                 "forward the calls to this one (1: gRPC in this process)",
 }
@@ -95,7 +98,7 @@ _HELP = {
 # list and are refused as unknown.
 TUNING_FLAGS_WITHOUT_EFFECT = (
     "grpc_channel_arguments", "flush_filesystem_caches", "num_load_threads", "num_unload_threads",
-    "remove_unused_fields_from_bundle_metagraph", "per_process_gpu_memory_fraction", "xla_cpu_compilation_enabled",
+    "remove_unused_fields_from_bundle_metagraph", "xla_cpu_compilation_enabled",
     "enable_per_model_batching_parameters",
 )
 
@@ -112,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(flag, type=_parse_bool, nargs="?", const=True, default=field.default,
                                 metavar="true|false", help=_HELP[field.name])
         else:
-            kind = int if field.type == "int" else str
+            kind = {"int": int, "float": float}.get(field.type, str)
             parser.add_argument(flag, type=kind, default=field.default, help=_HELP[field.name])
     return parser
 
@@ -137,6 +140,9 @@ def parse_flags(argv: list[str]) -> tuple[ServerOptions, list[str]]:
     if options.prefer_tflite_model:
         raise FlagError("--prefer_tflite_model=true is not supported: this server loads SavedModels only "
                         "(TensorFlow Lite models need a tensorflow_model_server build with TFLite)")
+    if not 0.0 <= options.per_process_gpu_memory_fraction <= 1.0:
+        raise FlagError(f"--per_process_gpu_memory_fraction must be between 0.0 and 1.0, got "
+                        f"{options.per_process_gpu_memory_fraction}")
     if options.grpc_front_end_processes < 1:
         raise FlagError(f"--grpc_front_end_processes must be at least 1, got {options.grpc_front_end_processes}")
     if options.grpc_front_end_processes > 1 and options.port == 0:

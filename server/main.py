@@ -111,7 +111,8 @@ def run(options: ServerOptions, stop: threading.Event) -> int:
         warmup_iterations=options.num_request_iterations_for_warmup,
         allow_labels_for_unavailable=options.allow_version_labels_for_unavailable_models,
         batching=batching, max_load_retries=options.max_num_load_retries,
-        load_retry_interval_seconds=max(0.0, options.load_retry_interval_micros / 1e6)), metrics,
+        load_retry_interval_seconds=max(0.0, options.load_retry_interval_micros / 1e6),
+        gpu_memory_fraction=options.per_process_gpu_memory_fraction), metrics,
         on_batch_failure=health.batch_scheduler_failed)
     # As tensorflow_model_server: start only once every configured model serves; a model that cannot load (or
     # a label that cannot apply) ends the process rather than leaving it up without that model.

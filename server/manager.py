@@ -86,6 +86,7 @@ class ManagerOptions:
     batching: BatchingOptions | None
     max_load_retries: int = 5
     load_retry_interval_seconds: float = 60.0
+    gpu_memory_fraction: float = 0.0  # --per_process_gpu_memory_fraction
 
 
 def aspired_versions(policy: model_server_config_pb2.FileSystemStoragePathSourceConfig.ServableVersionPolicy,
@@ -235,7 +236,8 @@ class ModelManager:
         with self._lock:
             entry.versions[version] = record
         try:
-            servable = LoadedVersion(name, version, path, set(self.options.saved_model_tags))
+            servable = LoadedVersion(name, version, path, set(self.options.saved_model_tags),
+                                     self.options.gpu_memory_fraction)
             if self.options.enable_model_warmup:
                 count = replay_warmup(servable, self.options.warmup_iterations)
                 if count:

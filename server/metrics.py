@@ -55,6 +55,21 @@ class ExactNameCounter:
         return "\n".join(lines) + "\n"
 
 
+class _Children:
+    """A labelled histogram's children by label values, looked up without prometheus_client's `labels()` (its
+    argument checks and lock cost more than the observation itself, several times per request)."""
+
+    def __init__(self, histogram: Histogram):
+        self._histogram = histogram
+        self._children: dict[tuple[str, ...], Histogram] = {}
+
+    def __call__(self, *labels: str) -> Histogram:
+        child = self._children.get(labels)
+        if child is None:  # label values come from the config (see the module docstring): the dict stays small
+            child = self._children[labels] = self._histogram.labels(*labels)
+        return child
+
+
 class ServerMetrics:
     """Every metric the server exports; also the batcher's BatchObserver."""
 
@@ -100,6 +115,11 @@ class ServerMetrics:
             ("model_name", "signature"), buckets=_exponential(25e-6, 2, 16), registry=self.registry)
         self.thread_pool_name = "model_server_batch_threads"
         self._model_names: frozenset[str] = frozenset()
+        self._request_latency, self._queuing_latency = _Children(self.request_latency), _Children(self.queuing_latency)
+        self._input_batch_size, self._batch_size = _Children(self.input_batch_size), _Children(self.batch_size)
+        self._padding_size, self._batch_delay = _Children(self.padding_size), _Children(self.batch_delay)
+        self._bertserve_batch_size = _Children(self.bertserve_batch_size)
+        self._bertserve_queue_delay = _Children(self.bertserve_queue_delay)
         self.model_versions = Gauge("bertserve_available_model_versions", "Versions serving per model.",
                                     ("model_name",), registry=self.registry)
 
@@ -114,19 +134,19 @@ class ServerMetrics:
         """`model` is what the request named; `status` a gRPC code name (a closed set)."""
         model = self.model_label(model)
         self.request_count.inc(model, status)
-        self.request_latency.labels(model, api, entrypoint).observe(seconds * 1e6)
+        self._request_latency(model, api, entrypoint).observe(seconds * 1e6)
 
     def batch_done(self, model: str, signature: str, rows: int, padded_rows: int) -> None:
         self.processed_batch_size.inc(model, signature, str(padded_rows))
-        self.batch_size.labels(model, signature).observe(rows)
-        self.padding_size.labels(model, str(padded_rows), signature).observe(padded_rows - rows)
-        self.bertserve_batch_size.labels(model, signature).observe(rows)
+        self._batch_size(model, signature).observe(rows)
+        self._padding_size(model, str(padded_rows), signature).observe(padded_rows - rows)
+        self._bertserve_batch_size(model, signature).observe(rows)
 
     def task_dequeued(self, model: str, signature: str, task_rows: int, queued_seconds: float) -> None:
-        self.input_batch_size.labels(model, signature).observe(task_rows)
-        self.batch_delay.labels(model, signature).observe(queued_seconds * 1e6)
-        self.queuing_latency.labels(self.thread_pool_name).observe(queued_seconds * 1e6)
-        self.bertserve_queue_delay.labels(model, signature).observe(queued_seconds)
+        self._input_batch_size(model, signature).observe(task_rows)
+        self._batch_delay(model, signature).observe(queued_seconds * 1e6)
+        self._queuing_latency(self.thread_pool_name).observe(queued_seconds * 1e6)
+        self._bertserve_queue_delay(model, signature).observe(queued_seconds)
 
     def exposition(self) -> bytes:
         counters = "".join(c.render() for c in (self.request_count, self.processed_batch_size, self.load_count))

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
+from tensorflow.python.eager import context
 
 from bertserve.model_dir import SIGNATURE_NAME
 from bertserve.server.errors import failed_precondition, from_exception, invalid_argument
@@ -49,10 +50,16 @@ def batch_rows(inputs: Mapping[str, np.ndarray]) -> int:
 class SessionBundle:
     """A Session holding one SavedModel in its own graph (TF Serving's SavedModelBundle), and its callables."""
 
-    def __init__(self, path: str, tags: set[str]):
+    def __init__(self, path: str, tags: set[str], gpu_memory_fraction: float = 0.0):
+        """gpu_memory_fraction: --per_process_gpu_memory_fraction (0: TensorFlow's default). The GPU allocator is
+        one per process and takes the options of the first session that reaches the GPU, as in TF Serving, which
+        sets the fraction in every session's config."""
         self.graph = tf.Graph()
-        # config None: the process's TensorFlow settings (the --tensorflow_*_parallelism flags) apply.
-        self.session = tf.compat.v1.Session(graph=self.graph)
+        # The process's TensorFlow settings (the --tensorflow_*_parallelism flags, devices), as a Session without
+        # a config takes them, plus the GPU memory fraction.
+        config = context.context().config
+        config.gpu_options.per_process_gpu_memory_fraction = gpu_memory_fraction
+        self.session = tf.compat.v1.Session(graph=self.graph, config=config)
         try:
             self.meta_graph: meta_graph_pb2.MetaGraphDef = tf.compat.v1.saved_model.loader.load(
                 self.session, sorted(tags), path)
@@ -179,9 +186,9 @@ class Signature:
 class LoadedVersion:
     """A servable version: loaded once, shared by requests, unloaded when the last in-flight request ends."""
 
-    def __init__(self, model_name: str, version: int, path: str, tags: set[str]):
+    def __init__(self, model_name: str, version: int, path: str, tags: set[str], gpu_memory_fraction: float = 0.0):
         self.model_name, self.version, self.path = model_name, version, path
-        self.bundle = SessionBundle(path, tags)
+        self.bundle = SessionBundle(path, tags, gpu_memory_fraction)
         self.meta_graph = self.bundle.meta_graph
         self.limits = TokenLimits.from_saved_model(path)
         self.signatures: dict[str, Signature] = {

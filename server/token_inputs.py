@@ -124,19 +124,21 @@ class TokenInputRules:
         arrays = [inputs.get(name) for name in INPUT_NAMES]
         if any(array is None for array in arrays):
             return  # the signature's input-name check answers this request
-        shapes = {name: tuple(array.shape) for name, array in zip(INPUT_NAMES, arrays)}
-        if any(len(shape) != 2 for shape in shapes.values()) or len(set(shapes.values())) > 1:
+        ids, mask, segments = arrays
+        if not (ids.ndim == 2 and ids.shape == mask.shape == segments.shape):
+            shapes = {name: tuple(array.shape) for name, array in zip(INPUT_NAMES, arrays)}
             raise invalid_argument(f"input_ids, input_mask and segment_ids must share one [batch, seq] shape, "
                                    f"got {shapes}")
-        wrong = {name: str(array.dtype) for name, array in zip(INPUT_NAMES, arrays) if array.dtype != np.int32}
-        if wrong:
+        if not (ids.dtype == mask.dtype == segments.dtype == np.int32):
+            wrong = {name: str(array.dtype) for name, array in zip(INPUT_NAMES, arrays) if array.dtype != np.int32}
             raise invalid_argument(f"input_ids, input_mask and segment_ids must be int32, got {wrong}")
         ids, mask, segments = (np.ascontiguousarray(array) for array in arrays)
         batch, seq = ids.shape
-        message = ctypes.create_string_buffer(_MESSAGE_BYTES)
-        failed = self._check(_address(ids), _address(segments), _address(mask), batch, seq, *self._bounds, message,
-                             _MESSAGE_BYTES)
-        if failed:
+        addresses = (_address(ids), _address(segments), _address(mask), batch, seq, *self._bounds)
+        # No message buffer on the common path: only a refused request is checked again to get its message.
+        if self._check(*addresses, None, 0):
+            message = ctypes.create_string_buffer(_MESSAGE_BYTES)
+            self._check(*addresses, message, _MESSAGE_BYTES)
             raise invalid_argument(message.value.decode("utf-8", errors="replace"))
 
 

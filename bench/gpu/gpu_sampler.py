@@ -13,7 +13,7 @@ import numpy as np
 
 
 def _nvml_reader(index: int):
-    """(read, device name) through NVML."""
+    """(read, device name, total memory MiB) through NVML."""
     import pynvml
 
     pynvml.nvmlInit()
@@ -24,7 +24,7 @@ def _nvml_reader(index: int):
         return float(util), pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
 
     name = pynvml.nvmlDeviceGetName(handle)
-    return read, name.decode() if isinstance(name, bytes) else name
+    return read, name.decode() if isinstance(name, bytes) else name, pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20
 
 
 def _smi(index: int, query: str) -> list[str]:
@@ -34,12 +34,12 @@ def _smi(index: int, query: str) -> list[str]:
 
 
 def _smi_reader(index: int):
-    """(read, device name) through nvidia-smi."""
+    """(read, device name, total memory MiB) through nvidia-smi."""
     def read() -> tuple[float, float]:
         util, memory = _smi(index, "utilization.gpu,memory.used")
         return float(util), float(memory)
 
-    return read, _smi(index, "name")[0]
+    return read, _smi(index, "name")[0], float(_smi(index, "memory.total")[0])
 
 
 class GpuSampler:
@@ -47,12 +47,12 @@ class GpuSampler:
 
     def __init__(self, index: int = 0, period_s: float = 0.2):
         self.period_s, self.samples, self.source = period_s, [], "none"
-        self._read, self.name = None, None
+        self._read, self.name, self._total_mib = None, None, None
         try:
-            (self._read, self.name), self.source = _nvml_reader(index), "nvml"
+            (self._read, self.name, self._total_mib), self.source = _nvml_reader(index), "nvml"
         except Exception:  # noqa: BLE001 - no NVML here: try nvidia-smi, else sample nothing
             if shutil.which("nvidia-smi"):
-                (self._read, self.name), self.source = _smi_reader(index), "nvidia-smi"
+                (self._read, self.name, self._total_mib), self.source = _smi_reader(index), "nvidia-smi"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
 
@@ -82,6 +82,9 @@ class GpuSampler:
     def memory_mib(self) -> float | None:
         """Memory in use now (a fresh read), None without a GPU."""
         return self._read()[1] if self._read is not None else None
+
+    def total_mib(self) -> float | None:
+        return self._total_mib
 
     def between(self, start: float, end: float) -> dict:
         """Utilisation (mean, P90, max %) and the most memory used between two now() readings."""

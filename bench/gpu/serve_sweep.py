@@ -348,6 +348,28 @@ def memory_per_model(source: str, version_dirs: dict[str, str], copies: int, env
     return out
 
 
+def memory_fraction_check(name: str, version_dir: str, env: dict, work: str, gpu: GpuSampler,
+                          fractions: Sequence[float] = (0.0, 0.2)) -> dict:
+    """`bertserve serve` started once per --per_process_gpu_memory_fraction, with TensorFlow's allocator
+    reserving up front (no allow-growth), as a deployment runs it: the GPU memory in use once it is AVAILABLE.
+    0.0 is TensorFlow's default (nearly all of the GPU)."""
+    env = {k: v for k, v in env.items() if k != "TF_FORCE_GPU_ALLOW_GROWTH"}
+    rows = []
+    for fraction in fractions:
+        before = gpu.memory_mib()
+        flags = [f"--model_name={name}", f"--model_base_path={os.path.dirname(version_dir)}",
+                 f"--per_process_gpu_memory_fraction={fraction}"]
+        server = ServerProcess(flags, os.path.join(work, f"serve_fraction_{fraction}.log"), env=env)
+        try:
+            server.wait_until_available([name], timeout_s=120)
+            used = gpu.memory_mib()
+        finally:
+            server.terminate()
+        rows.append({"fraction": fraction, "gpu_memory_before_mib": before, "gpu_memory_available_mib": used})
+        print(json.dumps(rows[-1]), flush=True)
+    return {"total_mib": gpu.total_mib(), "runs": rows}
+
+
 def run_replay(args: argparse.Namespace, source: str, batching: BatchingCandidate, rates: Sequence[float],
                env: dict, work: str) -> dict:
     path = os.path.join(work, "replay.json")
@@ -479,6 +501,9 @@ def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Re
             dirs["fp32"] = fp32_dir
         result.data["memory_per_model"] = memory_per_model(source, dirs, args.memory_copies, env, work)
         result.save()
+        if not args.cpu:
+            result.data["memory_fraction"] = memory_fraction_check(names[0], version_dir, env, work, GpuSampler())
+            result.save()
     if args.batching == "tune":
         batching, result.data["tune_batching"] = tune_batching(
             args, tune_grid, files["models"], names[0], work, env,

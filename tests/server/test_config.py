@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from tensorflow.python.eager import context
 from google.protobuf import text_format
 
 from bertserve.server.config_files import (DEFAULT_PROMETHEUS_PATH, ConfigError, batching_options_from_proto,
@@ -123,3 +124,27 @@ def test_bad_config_files_name_the_problem(tmp_path):
     duplicate.write_text('model_config_list { config { name: "a" base_path: "/x" } config { name: "a" base_path: "/y" } }')
     with pytest.raises(ConfigError, match="multiple times"):
         read_model_server_config(str(duplicate))
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan"])
+def test_gpu_memory_fraction_outside_zero_to_one_is_refused(value):
+    with pytest.raises(FlagError, match="per_process_gpu_memory_fraction"):
+        parse_flags_only(["--model_base_path=/m", f"--per_process_gpu_memory_fraction={value}"])
+
+
+def test_gpu_memory_fraction_reaches_every_session_with_the_process_settings(models_dir):
+    """TF Serving puts the fraction in each session's config; the thread settings stay those of the process."""
+    from bertserve.server.servable import LoadedVersion
+
+    assert parse_flags_only(["--model_base_path=/m", "--per_process_gpu_memory_fraction=0.25"]
+                            ).per_process_gpu_memory_fraction == 0.25
+    version = LoadedVersion("tiny", 1, os.path.join(models_dir, "tiny", "1"), {"serve"}, gpu_memory_fraction=0.25)
+    try:
+        config = version.bundle.session._config  # what the C++ session was created with
+        assert config.gpu_options.per_process_gpu_memory_fraction == pytest.approx(0.25)
+        process = context.context().config  # what a Session without a config would have taken
+        process.gpu_options.per_process_gpu_memory_fraction = config.gpu_options.per_process_gpu_memory_fraction
+        assert config == process
+        assert version.signatures["serving_default"] is not None
+    finally:
+        version.release_model()
