@@ -50,7 +50,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--init_classifier_seed", type=int,
                         help="SRC is an HF BertModel without a classifier: add a seeded, calibrated random one")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing version folder")
+    parser.add_argument("--warmup_batching_parameters", metavar="FILE",
+                        help="the TF Serving batching file the model will be served with: the warmup file then "
+                             "holds one request per (allowed batch size, token bucket), so that the GPU op captures "
+                             "every CUDA graph at load time and none under load")
+    parser.add_argument("--warmup_lengths", metavar="LO,HI",
+                        help="real lengths (tokens) of the pairs clients send, for --warmup_batching_parameters "
+                             "(default: 1,MAX_SEQ_LENGTH)")
     return parser
+
+
+def warmup_plan(args: argparse.Namespace) -> "BucketWarmup | None":
+    """The bucket warmup the flags ask for; a file without allowed_batch_sizes cannot be covered."""
+    from bertserve.export.saved import BucketWarmup
+    from bertserve.server.config_files import ConfigError, read_batching_options
+
+    if args.warmup_batching_parameters is None:
+        if args.warmup_lengths is not None:
+            raise ValueError("--warmup_lengths needs --warmup_batching_parameters")
+        return None
+    try:
+        sizes = read_batching_options(args.warmup_batching_parameters).allowed_batch_sizes
+    except (ConfigError, OSError) as exc:
+        raise ValueError(f"--warmup_batching_parameters {args.warmup_batching_parameters}: {exc}") from exc
+    if not sizes:
+        raise ValueError(f"{args.warmup_batching_parameters} sets no allowed_batch_sizes: batches of any size can "
+                         f"run, so no warmup file covers them")
+    lo, hi = 1, args.max_seq_length
+    if args.warmup_lengths is not None:
+        try:
+            lo, hi = (int(part) for part in args.warmup_lengths.split(","))
+        except ValueError as exc:
+            raise ValueError(f"--warmup_lengths takes LO,HI (two integers), got {args.warmup_lengths!r}") from exc
+    return BucketWarmup(tuple(sizes), lo, hi)
 
 
 def _source_dir(src: str) -> str:
@@ -86,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(name)
 
         step("load")
+        warmup = warmup_plan(args)
         tokenizer = tokenizer_settings(args)
         weights = load_weights(args)
         bar.update()
@@ -94,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         bar.update()
         step("write SavedModel")
         target = saved.write_version(module, weights.config, args.out_base, args.model, args.version, tokenizer,
-                                     overwrite=args.overwrite)
+                                     overwrite=args.overwrite, warmup=warmup)
         bar.update()
         onnx_file = None
         if args.onnx:

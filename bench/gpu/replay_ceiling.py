@@ -5,7 +5,7 @@ the server's batching parameters, pair lengths and padding (copies of the first 
 
 It runs in a process of its own, without TensorFlow (torch and TensorFlow each bring their CUDA libraries), after
 the server has stopped, so the two never share the GPU. Graphs are captured first for every (batch size, token
-bucket) the traffic can meet (token_buckets.py, the shapes the server's warmup covers), so none is captured while
+bucket) the traffic can meet (export/bucket_warmup.py, the shapes the server's warmup covers), so none is captured while
 timing; the Python mirror of the core's TokenBucket is checked against the library on the way.
 
 Usage (GPU machine, after `source gpu_rig/env.sh`; serve_sweep.py runs it):
@@ -24,7 +24,7 @@ import torch
 
 from bertserve.bench.gpu import core, serving_replay
 from bertserve.bench.gpu.harness import DEVICE_CARRY, SEQ, chitchat_random, config_dict, to_torch
-from bertserve.bench.gpu.token_buckets import bucket_shapes, token_bucket
+from bertserve.export.bucket_warmup import bucket_shapes, token_bucket
 from bertserve.train.pairs import LENGTHS, read_lengths
 
 
@@ -42,7 +42,7 @@ def capture_graphs(ranker: core.CudaRanker, allowed: tuple[int, ...], lo: int, h
     """Every (size, bucket) graph a padded batch can need (padding rows copy the first, as TF Serving's)."""
     for tokens in range(1, max(allowed) * SEQ + 1):
         if token_bucket(tokens) != ranker.token_bucket(tokens):
-            raise RuntimeError(f"token_buckets.token_bucket({tokens}) = {token_bucket(tokens)}, the core's "
+            raise RuntimeError(f"bucket_warmup.token_bucket({tokens}) = {token_bucket(tokens)}, the core's "
                                f"{ranker.token_bucket(tokens)}: the mirror is out of date")
     for size, tokens in bucket_shapes(allowed, lo, hi):
         ranker.graph_for(size, ranker.token_bucket(tokens))

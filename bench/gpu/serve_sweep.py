@@ -11,7 +11,7 @@ One part per device call (each within 10 minutes):
 Per rate it records achieved QPS, P50/P99, errors by status code, the server's batches by padded size and by rows
 (from its Prometheus page), GPU utilisation and memory (NVML or nvidia-smi), and each client process's CPU use
 and send lag (the load generator's headroom). Before the server starts, the version's warmup file is replaced by
-one request per (allowed batch size, token bucket) the load's pair lengths can make (token_buckets.py), so no CUDA
+one request per (allowed batch size, token bucket) the load's pair lengths can make (export/bucket_warmup.py), so no CUDA
 graph is captured while measuring; the time from start to AVAILABLE includes that warmup.
 Batching parameters are given by hand (flags, or --batching_file) or chosen on the spot by `bertserve
 tune-batching` (--batching tune); the JSON says which. --serve_flag passes flags through to `bertserve serve`.
@@ -478,7 +478,7 @@ def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Re
     tune_grid = (GPU_TUNE_GRID if not args.cpu else (defaults.batching, dataclasses.replace(
         defaults.batching, num_batch_threads=1))) if args.batching == "tune" else ()
     warm_sizes = sorted({s for c in (batching, *tune_grid) for s in c.allowed_batch_sizes})
-    records = serving_setup.warm_every_bucket(version_dir, shape, warm_sizes)
+    records = serving_setup.warm_every_bucket(version_dir, config, shape, warm_sizes)
     result.data["model"] = {"source": source, "precision": precision, "variant": "fused", "names": names,
                             "config": dataclasses.asdict(config), "export_s": round(time.monotonic() - start, 1)}
     result.data["load"] = {"api": "gRPC Predict, tensorflow_serving.apis stubs (grpc.aio)",
@@ -497,7 +497,7 @@ def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Re
         dirs = {precision: version_dir}
         if not args.cpu:  # fp32 beside the served fp16
             fp32_dir, _ = serving_setup.export_version(source, "fp32", os.path.join(work, "models_fp32"), args.carry)
-            serving_setup.warm_every_bucket(fp32_dir, shape, warm_sizes)
+            serving_setup.warm_every_bucket(fp32_dir, config, shape, warm_sizes)
             dirs["fp32"] = fp32_dir
         result.data["memory_per_model"] = memory_per_model(source, dirs, args.memory_copies, env, work)
         result.save()

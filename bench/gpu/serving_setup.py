@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from bertserve.bench.gpu.token_buckets import write_bucket_warmup
+from bertserve.export.saved import BucketWarmup, warmup_batches, write_warmup_requests
 from bertserve.export.weights import BertConfig, BertWeights
 from bertserve.loadtest.loadgen import RequestShape
 from bertserve.loadtest.server_process import write_model_config
@@ -49,11 +49,11 @@ def export_version(source: str, precision: str, base: str, carry: str) -> tuple[
     return export_fused(weights, precision, base), weights.config
 
 
-def warm_every_bucket(version_dir: str, shape: RequestShape, allowed: Sequence[int]) -> int:
+def warm_every_bucket(version_dir: str, config: BertConfig, shape: RequestShape, allowed: Sequence[int]) -> int:
     """Replaces the export's warmup file with one request per (allowed batch size, token bucket) that pairs of the
-    load's lengths can make; returns the record count."""
-    return write_bucket_warmup(warmup_path(version_dir), "warmup", shape, allowed, min(shape.lengths),
-                               min(max(shape.lengths), shape.max_len))
+    load's lengths can make, as `bertserve export --warmup_batching_parameters` writes it; returns the count."""
+    buckets = BucketWarmup(tuple(allowed), min(shape.lengths), min(max(shape.lengths), shape.max_len))
+    return write_warmup_requests(warmup_path(version_dir), "warmup", warmup_batches(config, shape.max_len, buckets))
 
 
 def write_config_files(folder: str, names: Sequence[str], base_path: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -11,7 +12,8 @@ from bertserve.export import loaders
 from bertserve.export.weights import BertWeights
 
 sys.path.insert(0, os.path.dirname(__file__))
-from export_testing import SPECIAL_TOKENS, TINY_CONFIG  # noqa: E402
+from export_testing import (SPECIAL_TOKENS, TINY_CONFIG, google_bert_config, google_variables,  # noqa: E402
+                            write_google_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -37,3 +39,12 @@ def minilm_dir() -> str:
 @pytest.fixture(scope="session")
 def minilm_weights(minilm_dir) -> BertWeights:
     return loaders.load_hf_encoder_as_ranker(minilm_dir, seed=0)
+
+
+@pytest.fixture(scope="session")
+def google_dir(tmp_path_factory, tiny_weights, tiny_vocab) -> str:
+    """The tiny model as a Google BERT checkpoint folder with its vocab.txt."""
+    directory = str(tmp_path_factory.mktemp("google"))
+    write_google_checkpoint(directory, google_variables(tiny_weights), google_bert_config())
+    shutil.copy(tiny_vocab, os.path.join(directory, "vocab.txt"))
+    return directory

@@ -9,7 +9,7 @@ import pytest
 
 from bertserve.export import cli, validate
 
-from export_testing import TINY_CONFIG, google_bert_config, google_variables, needs_fused_ops, write_google_checkpoint
+from export_testing import TINY_CONFIG, needs_fused_ops
 
 
 def export(capsys, *argv: str) -> tuple[int, str, str]:
@@ -17,13 +17,6 @@ def export(capsys, *argv: str) -> tuple[int, str, str]:
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
-
-@pytest.fixture(scope="module")
-def google_dir(tmp_path_factory, tiny_weights, tiny_vocab) -> str:
-    directory = str(tmp_path_factory.mktemp("google"))
-    write_google_checkpoint(directory, google_variables(tiny_weights), google_bert_config())
-    shutil.copy(tiny_vocab, os.path.join(directory, "vocab.txt"))
-    return directory
 
 
 def test_google_checkpoint_to_stock_version_with_onnx(capsys, tmp_path, google_dir):
