@@ -469,8 +469,8 @@ async def wait_async(queue: BatchingQueue, inputs: Tensors, size: int, deadline:
     inbox = _inbox(loop)
     submission = queue.submit(inputs, size, deadline, lambda: inbox.post(settle))
     timer = None if deadline is None else loop.call_at(
-        loop.time() + max(0.0, deadline - time.monotonic()), settle,
-        deadline_exceeded("Deadline exceeded while waiting for the batch to run"))
+        loop.time() + max(0.0, deadline - time.monotonic()),
+        lambda: settle(deadline_exceeded("Deadline exceeded while waiting for the batch to run")))
     try:
         await answered
     except BaseException:  # timed out, or cancelled

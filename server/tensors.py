@@ -43,6 +43,7 @@ class _Codec:
         return STRING_ELEMENT_BYTES if self.np_dtype is None else self.np_dtype.itemsize
 
 
+_STRING = types_pb2.DT_STRING  # a module constant: the enum wrapper's attribute lookup is slow on hot paths
 _CODECS: dict[int, _Codec] = {
     types_pb2.DT_FLOAT: _Codec(np.dtype(np.float32), "float_val"),
     types_pb2.DT_DOUBLE: _Codec(np.dtype(np.float64), "double_val"),
@@ -60,7 +61,7 @@ _CODECS: dict[int, _Codec] = {
     types_pb2.DT_COMPLEX64: _Codec(np.dtype(np.complex64), "scomplex_val", per_element=2, via=np.dtype(np.float32)),
     types_pb2.DT_COMPLEX128: _Codec(np.dtype(np.complex128), "dcomplex_val", per_element=2,
                                     via=np.dtype(np.float64)),
-    types_pb2.DT_STRING: _Codec(None, "string_val"),
+    _STRING: _Codec(None, "string_val"),
 }
 _ENUM_BY_NUMPY: dict[np.dtype, int] = {codec.np_dtype: enum for enum, codec in _CODECS.items()
                                        if codec.np_dtype is not None}
@@ -119,14 +120,16 @@ def proto_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, proto: tensor_
     if codec is None:
         raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(proto.dtype)} is not supported")
     dims = _declared_dims(alias, proto.tensor_shape)
-    if proto.tensor_content:
+    content = proto.tensor_content  # each read of the field copies its bytes
+    if content:
         if codec.np_dtype is None:
             raise invalid_argument(f"input tensor '{alias}': string tensors must carry their values in string_val")
-        count = _check_size(alias, dims, len(proto.tensor_content) // codec.itemsize, codec.itemsize)
-        if len(proto.tensor_content) != count * codec.itemsize:
-            raise invalid_argument(f"input tensor '{alias}': tensor_content holds {len(proto.tensor_content)} bytes, "
-                                   f"shape {dims} of {dtype_name(proto.dtype)} needs {count * codec.itemsize}")
-        return np.frombuffer(proto.tensor_content, dtype=codec.np_dtype).reshape(dims)
+        itemsize = codec.itemsize
+        count = _check_size(alias, dims, len(content) // itemsize, itemsize)
+        if len(content) != count * itemsize:
+            raise invalid_argument(f"input tensor '{alias}': tensor_content holds {len(content)} bytes, "
+                                   f"shape {dims} of {dtype_name(proto.dtype)} needs {count * itemsize}")
+        return np.frombuffer(content, dtype=codec.np_dtype).reshape(dims)
     field = getattr(proto, codec.field)
     carried, extra = divmod(len(field), codec.per_element)
     count = _check_size(alias, dims, carried, codec.itemsize)
@@ -167,7 +170,7 @@ def ndarray_to_proto(array: np.ndarray, as_tensor_content: bool = False) -> tens
     """An output as TF Serving returns it: typed fields (Tensor::AsProtoField), or tensor_content on request."""
     array = np.asarray(array)
     if array.dtype.kind in "OSU":
-        enum = types_pb2.DT_STRING
+        enum = _STRING
     else:
         enum = _ENUM_BY_NUMPY.get(array.dtype)
         if enum is None:
@@ -176,7 +179,7 @@ def ndarray_to_proto(array: np.ndarray, as_tensor_content: bool = False) -> tens
     proto = tensor_pb2.TensorProto(dtype=enum, tensor_shape=tensor_shape_pb2.TensorShapeProto(
         dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in array.shape]))
     flat = array.ravel()
-    if enum == types_pb2.DT_STRING:
+    if enum == _STRING:
         proto.string_val.extend(value if isinstance(value, bytes) else str(value).encode() for value in flat)
     elif as_tensor_content:
         proto.tensor_content = np.ascontiguousarray(flat).tobytes()
@@ -191,7 +194,7 @@ def json_to_ndarray(name: str, value: object, dtype_enum: int) -> np.ndarray:
     """A REST value (nested lists of numbers, or of strings / {"b64": ...} for DT_STRING) as an array of the
     signature's dtype, refusing lossy conversions."""
     dtype_enum = base_dtype(dtype_enum)
-    if dtype_enum == types_pb2.DT_STRING:
+    if dtype_enum == _STRING:
         return _json_strings(name, value)
     codec = _CODECS.get(dtype_enum)
     if codec is None or codec.np_dtype is None or codec.per_element != 1:
