@@ -6,7 +6,9 @@ also defines what "padding never changes a real output" means.
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable, Protocol
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -14,6 +16,25 @@ from threadpoolctl import threadpool_limits
 from bertserve.export.weights import LAYER_ARRAY_NAMES, BertWeights
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
+
+# The four GEMMs of a layer whose inputs a GemmHook may change, named by the GEMM that reads the input.
+GEMM_SITES = ("qkv", "attention_output", "ffn_in", "ffn_out")
+GemmInput = Callable[[str, np.ndarray], np.ndarray]  # (site, GEMM input) -> what the GEMM reads instead
+
+
+class GemmHook(Protocol):
+    """What a reduced-precision scheme (export/fp8.py) changes in the reference: the operands of a layer's four
+    GEMMs, at the places the kernels round them. The reference without a hook is the plain float64 model."""
+
+    def weights(self, layer: int, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The layer's float64 arrays with the GEMM kernels as the kernels read them."""
+
+    def inputs(self, layer: int, site: str, x: np.ndarray) -> np.ndarray:
+        """The float64 input of GEMM `site` of `layer` as the kernel reads it."""
+
+
+def _unchanged(site: str, x: np.ndarray) -> np.ndarray:
+    return x
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
@@ -37,23 +58,26 @@ def encoder_layer(x: np.ndarray, w: BertWeights, layer: int) -> np.ndarray:
     return _encoder_layer(x, layer_params(w, layer), w.config.num_attention_heads, w.config.layer_norm_eps)
 
 
-def _encoder_layer(x: np.ndarray, g: dict[str, np.ndarray], heads: int, eps: float) -> np.ndarray:
+def _encoder_layer(x: np.ndarray, g: dict[str, np.ndarray], heads: int, eps: float,
+                   gemm_input: GemmInput = _unchanged) -> np.ndarray:
     n, d = x.shape[0], x.shape[1] // heads
 
     def split(t: np.ndarray) -> np.ndarray:
         return t.reshape(n, heads, d).transpose(1, 0, 2)
 
-    q = split(x @ g["query_kernel"] + g["query_bias"])
-    k = split(x @ g["key_kernel"] + g["key_bias"])
-    v = split(x @ g["value_kernel"] + g["value_bias"])
+    a = gemm_input("qkv", x)
+    q = split(a @ g["query_kernel"] + g["query_bias"])
+    k = split(a @ g["key_kernel"] + g["key_bias"])
+    v = split(a @ g["value_kernel"] + g["value_bias"])
     scores = q @ k.transpose(0, 2, 1) / math.sqrt(d)
     scores -= scores.max(axis=-1, keepdims=True)
     probs = np.exp(scores)
     probs /= probs.sum(axis=-1, keepdims=True)
     context = (probs @ v).transpose(1, 0, 2).reshape(n, heads * d)
-    attn = context @ g["attention_output_kernel"] + g["attention_output_bias"]
+    attn = gemm_input("attention_output", context) @ g["attention_output_kernel"] + g["attention_output_bias"]
     x = layer_norm(attn + x, g["attention_ln_gamma"], g["attention_ln_beta"], eps)
-    ffn = gelu(x @ g["intermediate_kernel"] + g["intermediate_bias"]) @ g["output_kernel"] + g["output_bias"]
+    inner = gelu(gemm_input("ffn_in", x) @ g["intermediate_kernel"] + g["intermediate_bias"])
+    ffn = gemm_input("ffn_out", inner) @ g["output_kernel"] + g["output_bias"]
     return layer_norm(ffn + x, g["output_ln_gamma"], g["output_ln_beta"], eps)
 
 
@@ -77,8 +101,10 @@ def sequence_lengths(input_mask: np.ndarray) -> np.ndarray:
     return lengths.astype(np.int64)
 
 
-def encode(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray) -> list[np.ndarray]:
-    """Final hidden states of every row's real tokens: a list of [len_b, hidden] float64 arrays.
+def encode(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray,
+           hook: GemmHook | None = None) -> list[np.ndarray]:
+    """Final hidden states of every row's real tokens: a list of [len_b, hidden] float64 arrays; `hook` changes
+    the GEMM operands (None: the float64 model).
 
     BLAS runs single-threaded here: one sequence's GEMMs are too small to gain from threads, and OpenBLAS'
     spinning workers would starve whatever shares the cores (measured 15x slower on a loaded 2-core machine).
@@ -86,14 +112,18 @@ def encode(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray, segmen
     c = w.config
     with threadpool_limits(limits=1, user_api="blas"):
         layers = [layer_params(w, layer) for layer in range(c.num_hidden_layers)]
+        inputs: list[GemmInput] = [_unchanged] * len(layers)
+        if hook is not None:
+            layers = [hook.weights(layer, g) for layer, g in enumerate(layers)]
+            inputs = [functools.partial(hook.inputs, layer) for layer in range(len(layers))]
         out = []
         for b, n in enumerate(sequence_lengths(input_mask)):
             if n == 0:
                 out.append(np.zeros((0, c.hidden_size)))
                 continue
             x = embed(w, input_ids[b, :n], segment_ids[b, :n])
-            for g in layers:
-                x = _encoder_layer(x, g, c.num_attention_heads, c.layer_norm_eps)
+            for g, gemm_input in zip(layers, inputs):
+                x = _encoder_layer(x, g, c.num_attention_heads, c.layer_norm_eps, gemm_input)
             out.append(x)
     return out
 
@@ -109,8 +139,9 @@ def head_scores(w: BertWeights, first_tokens: np.ndarray) -> np.ndarray:
     return probs[:, 1] / probs.sum(axis=1)
 
 
-def scores(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
+def scores(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray, segment_ids: np.ndarray,
+           hook: GemmHook | None = None) -> np.ndarray:
     """float64 ranker scores [batch]. A row with no real token scores as if its first-token state were zeros."""
-    hidden = encode(w, np.asarray(input_ids), np.asarray(input_mask), np.asarray(segment_ids))
+    hidden = encode(w, np.asarray(input_ids), np.asarray(input_mask), np.asarray(segment_ids), hook)
     first = np.stack([h[0] if len(h) else np.zeros(w.config.hidden_size) for h in hidden])
     return head_scores(w, first)
