@@ -10,7 +10,9 @@ Four parts, all on this machine, side by side in one run (the CPUs are shared: q
    request (the client's share of the two cores reported beside it). Both gRPC designs of this tree run side by
    side in alternating rounds, so that both see the same machine load: gRPC in the server process
    (--grpc_front_end_processes=1) and FRONT_END_PROCESSES front-end processes forwarding to it; each round also
-   times GetModelStatus (no model: the cost of carrying a call). With --baseline-pythonpath, a server from
+   times GetModelStatus (no model: the cost of carrying a call). Beside them, the floor: a server that answers
+   Predict with its request bytes, on grpc.aio and on grpcio's thread-pool server (EchoServer): grpcio's own CPU
+   per call here, under any Python server's. With --baseline-pythonpath, a server from
    another checkout (an older design) joins the rotation.
 2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
    signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
@@ -35,6 +37,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import psutil
@@ -74,6 +77,7 @@ CONNECTIONS = 8
 FRONT_END_PROCESSES = 2
 MULTI_PROCESS = f"this_tree_{FRONT_END_PROCESSES}_front_end_processes"
 STATUS_METHOD = "/tensorflow.serving.ModelService/GetModelStatus"
+PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
 
 
 def export(base: str, name: str, config: BertConfig, variant: str) -> str:
@@ -134,6 +138,62 @@ class Server:
         self.files.cleanup()
 
 
+def _serve_echo(kind: str, ports: multiprocessing.Queue) -> None:
+    """An EchoServer's process: grpc.aio or grpcio's thread-pool server, Predict answered with its request bytes."""
+    service, method = PREDICT_METHOD.strip("/").split("/")
+    if kind == "sync":
+        server = grpc.server(concurrent.futures.ThreadPoolExecutor(8))
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, {
+            method: grpc.unary_unary_rpc_method_handler(lambda request, context: request)})])
+        ports.put(server.add_insecure_port("localhost:0"))
+        server.start()
+        server.wait_for_termination()
+        return
+
+    async def echo(request: bytes, context) -> bytes:
+        return request
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, {
+            method: grpc.unary_unary_rpc_method_handler(echo)})])
+        ports.put(server.add_insecure_port("localhost:0"))
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
+
+
+class EchoServer:
+    """A gRPC server in its own process that answers Predict with the request's bytes and does nothing else: what
+    grpcio alone costs per call on this machine (`kind` "aio": grpc.aio, as bertserve serves; "sync": grpcio's
+    thread-pool server), the floor under any Python server's CPU per request."""
+
+    def __init__(self, kind: str):
+        ports: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
+        self.proc = multiprocessing.get_context("spawn").Process(target=_serve_echo, args=(kind, ports), daemon=True)
+        self.proc.start()
+        self.grpc_port = ports.get(timeout=60)
+        self.target = f"localhost:{self.grpc_port}"
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+
+
+def grpc_floor(request, quick: bool) -> dict:
+    """The closed loop of max_throughput against the two echo servers, rounds alternating."""
+    seconds, runs = (3 if quick else 8), {"aio": [], "sync": []}
+    with contextlib.ExitStack() as stack:
+        servers = {kind: stack.enter_context(contextlib.closing(EchoServer(kind))) for kind in runs}
+        for _ in range(1 if quick else 3):
+            for kind, server in servers.items():
+                runs[kind].append(closed_loop_rps(server, request, 64, seconds))
+    return {"what": "a gRPC server that answers Predict with its request bytes (no parsing, no model): grpcio's own "
+                    "cost per call, the floor of any Python server here; best of the rounds",
+            **{kind: max(rounds, key=lambda r: r["requests_per_s"]) for kind, rounds in runs.items()}}
+
+
 def warmup_calls(count: int) -> int:
     """Untimed calls of each kind before interleaved_latency_us times `count` of them."""
     return max(3, count // 10)
@@ -175,13 +235,13 @@ def _grpc_connections(process: psutil.Process, port: int) -> int:
                if connection.status == psutil.CONN_ESTABLISHED and connection.laddr.port == port)
 
 
-def closed_loop_rps(server: Server, request, in_flight: int, seconds: float, connections: int = CONNECTIONS,
-                    method: str = "/tensorflow.serving.PredictionService/Predict") -> dict:
+def closed_loop_rps(server: "ServerProcess | EchoServer", request, in_flight: int, seconds: float,
+                    connections: int = CONNECTIONS, method: str = PREDICT_METHOD) -> dict:
     """Keeps `in_flight` calls of `method` (Predict) outstanding for `seconds`, spread over `connections` HTTP/2 connections (the
     kernel spreads connections, not calls, over front-end processes); completed requests/s, errors, and the
     CPU-seconds per request of the server's processes (all of them, the main one alone, its front-end processes)
     and of this client (request bytes serialized once, so the client's share is the gRPC call itself)."""
-    channels = [grpc.insecure_channel(server.server.target, options=[("grpc.use_local_subchannel_pool", 1)])
+    channels = [grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(connections)]
     calls = [channel.unary_unary(method) for channel in channels]
     raw = request.SerializeToString()
@@ -206,11 +266,11 @@ def closed_loop_rps(server: Server, request, in_flight: int, seconds: float, con
         if again:
             fire()
 
-    main = psutil.Process(server.server.proc.pid)
+    main = psutil.Process(server.proc.pid)
     front_ends, client = main.children(), psutil.Process()
     for call in calls:  # connect every channel before timing
         call(raw, timeout=60)
-    spread = sorted(_grpc_connections(process, server.server.grpc_port) for process in (front_ends or [main]))
+    spread = sorted(_grpc_connections(process, server.grpc_port) for process in (front_ends or [main]))
     main_before, front_ends_before, client_before = (_cpu_seconds(group) for group in ([main], front_ends, [client]))
     start = time.monotonic()
     for _ in range(in_flight):
@@ -252,10 +312,11 @@ def side_by_side_throughput(path: str, request, designs: dict[str, tuple[str | N
         for _ in range(rounds):
             for name, server in servers.items():
                 rows_before, batches_before = server.batch_sizes()
-                result = closed_loop_rps(server, request, 64, seconds)
+                result = closed_loop_rps(server.server, request, 64, seconds)
                 rows, batches = (a - b for a, b in zip(server.batch_sizes(), (rows_before, batches_before)))
                 result["mean_rows_per_executed_batch"] = round(rows / max(batches, 1), 2)
-                result["get_model_status"] = closed_loop_rps(server, status, 64, seconds / 2, method=STATUS_METHOD)
+                result["get_model_status"] = closed_loop_rps(server.server, status, 64, seconds / 2,
+                                                             method=STATUS_METHOD)
                 results[name].append(result)
     return {name: {"best": max(runs, key=lambda r: r["requests_per_s"]), "rounds": runs}
             for name, runs in results.items()}
@@ -285,10 +346,11 @@ def tiny_part(base: str, quick: bool, baseline: tuple[str, str] | None) -> dict:
             "grpc_batching_front_end_processes": lambda: forwarded.stub.Predict(request, timeout=30),
             "rest_keep_alive": lambda: rest_predict(session, plain, rest_body),
             "rest_new_connection": lambda: rest_predict(requests, plain, rest_body)}, 300 if quick else 2000)
-        no_batching = closed_loop_rps(plain, request, 64, 3 if quick else 10)
+        no_batching = closed_loop_rps(plain.server, request, 64, 3 if quick else 10)
     designs = {"this_tree": (None, 1), MULTI_PROCESS: (None, FRONT_END_PROCESSES),
                **({baseline[0]: (baseline[1], 1)} if baseline else {})}
     throughput = side_by_side_throughput(path, request, designs, 1 if quick else 3, 3 if quick else 10)
+    floor = grpc_floor(request, quick)
     direct_p50 = latency["direct_call"]["p50_us"]
     return {"model": "1 layer, hidden 32, seq 32, one row per request; latency: one request at a time",
             "latency": latency,
@@ -298,6 +360,7 @@ def tiny_part(base: str, quick: bool, baseline: tuple[str, str] | None) -> dict:
                                                 "rest_new_connection")},
             "max_throughput": {"grpc_no_batching": no_batching, "grpc_batching": throughput["this_tree"]["best"],
                                "grpc_batching_front_end_processes": throughput[MULTI_PROCESS]["best"]},
+            "grpc_floor": floor,
             "grpc_batching_side_by_side": {
                 "batching": BATCHING_TINY, "in_flight": 64,
                 "note": "rounds alternate between the designs' servers; best: the round with the most requests/s",
