@@ -22,6 +22,8 @@ constexpr int64_t kAlignFloats = 16;  // 64-byte alignment of every workspace re
 // Rough cycle costs for TensorFlow's ParallelFor, which runs a loop inline when it is too small to share.
 constexpr int64_t kLayerNormCyclesPerElement = 4;
 constexpr int64_t kConvertCyclesPerElement = 1;
+// Up to this many rows a sublayer's LayerNorm runs inside its projection GEMM (ProjectionResidualLayerNorm).
+constexpr int64_t kFusedLayerNormRows = 64;
 
 int64_t Aligned(int64_t floats) { return (floats + kAlignFloats - 1) / kAlignFloats * kAlignFloats; }
 
@@ -149,12 +151,34 @@ EncoderWeights<float> WidenLayer(const ThreadPool& pool, const EncoderWeights<fp
 // One GEMM of a layer; B is `packed` when the caller packed it, else the row-major weights b [k, n], packed for
 // this product alone (the fp16 encoder, whose float weights exist only for the layer being run).
 void LayerGemm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
-               const PackedMatrix* packed, float* c, const GemmEpilogue& epilogue) {
+               const PackedMatrix* packed, float* c, const GemmEpilogue& epilogue,
+               const GemmRowsEpilogue& rows_epilogue = {}) {
   if (packed != nullptr) {
-    ParallelGemm(pool, m, a, *packed, c, epilogue);
+    ParallelGemm(pool, m, a, *packed, c, epilogue, rows_epilogue);
   } else {
-    ParallelGemm(pool, m, a, PackedMatrix(pool, k, n, b), c, epilogue);
+    ParallelGemm(pool, m, a, PackedMatrix(pool, k, n, b), c, epilogue, rows_epilogue);
   }
+}
+
+// The projection GEMM of a sublayer (attention output, FFN output) into `projection`, then bias + residual +
+// LayerNorm into x. On up to kFusedLayerNormRows rows the thread that finishes the GEMM's last column block
+// normalises all of them, which spares the pool a hand-off: one loop fewer per sublayer, 12 of the 42 loops
+// of a 6-layer call at batch 1. On more rows the LayerNorm is a parallel loop of its own, which the serial rows
+// would outlast.
+void ProjectionResidualLayerNorm(const ThreadPool& pool, int64_t m, int64_t n, int64_t k, const float* a,
+                                 const float* b, const PackedMatrix* packed, const float* bias, const float* gamma,
+                                 const float* beta, float eps, float* projection, float* x) {
+  auto norm_rows = [=](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      AddBiasResidualLayerNorm(projection + r * n, bias, gamma, beta, n, eps, x + r * n);
+    }
+  };
+  if (m <= kFusedLayerNormRows) {
+    LayerGemm(pool, m, n, k, a, b, packed, projection, {}, norm_rows);
+    return;
+  }
+  LayerGemm(pool, m, n, k, a, b, packed, projection, {});
+  ParallelRows(pool, m, kLayerNormCyclesPerElement * n, [&](int64_t r) { norm_rows(r, r + 1); });
 }
 
 // Epilogue of a GEMM into c (rows of ld floats): row_fn (AddBias or AddBiasGelu) on each row of a finished tile,
@@ -199,21 +223,14 @@ void AfterAttention(const EncoderDims& d, const EncoderWeights<float>& w, const 
                     const float* context, float* x, const LayerScratch& s, const ThreadPool& pool) {
   const int64_t hidden = d.hidden, inter = d.intermediate;
   const float eps = d.layer_norm_epsilon;
-  LayerGemm(pool, m, hidden, hidden, context, w.attention_output_kernel,
-            packed ? &packed->attention_output : nullptr, s.projection, {});
-  ParallelRows(pool, m, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
-    AddBiasResidualLayerNorm(s.projection + r * hidden, w.attention_output_bias, w.attention_ln_gamma,
-                             w.attention_ln_beta, hidden, eps, x + r * hidden);
-  });
-
+  ProjectionResidualLayerNorm(pool, m, hidden, hidden, context, w.attention_output_kernel,
+                              packed ? &packed->attention_output : nullptr, w.attention_output_bias,
+                              w.attention_ln_gamma, w.attention_ln_beta, eps, s.projection, x);
   LayerGemm(pool, m, inter, hidden, x, w.intermediate_kernel, packed ? &packed->intermediate : nullptr,
             s.intermediate, BiasRowsEpilogue(AddBiasGelu, w.intermediate_bias, s.intermediate, inter));
-  LayerGemm(pool, m, hidden, inter, s.intermediate, w.output_kernel, packed ? &packed->output : nullptr,
-            s.projection, {});
-  ParallelRows(pool, m, kLayerNormCyclesPerElement * hidden, [&](int64_t r) {
-    AddBiasResidualLayerNorm(s.projection + r * hidden, w.output_bias, w.output_ln_gamma, w.output_ln_beta, hidden,
-                             eps, x + r * hidden);
-  });
+  ProjectionResidualLayerNorm(pool, m, hidden, inter, s.intermediate, w.output_kernel,
+                              packed ? &packed->output : nullptr, w.output_bias, w.output_ln_gamma,
+                              w.output_ln_beta, eps, s.projection, x);
 }
 
 // One post-LN BERT layer on x [N, H]; packed (may be null) holds w's GEMM weights packed. With `first` null it

@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdlib>
 #include <mutex>
@@ -78,18 +79,21 @@ int64_t BlockColumns(const ThreadPool& pool, const GemmBackend& backend, int64_t
   return (block + align - 1) / align * align;
 }
 
+int64_t RowTiles(int64_t m) { return std::max<int64_t>(1, (m + kMaxTileRows - 1) / kMaxTileRows); }
+
 // Runs tile_fn over the tiles of an m x n C (column blocks of block_columns, row tiles of at most kMaxTileRows) on
 // the pool; TensorFlow's cost model runs small products on fewer threads (or inline).
 void ForEachTile(const ThreadPool& pool, int64_t m, int64_t n, int64_t block_columns, double flops,
                  const std::function<void(const GemmTile&)>& tile_fn) {
   const int64_t num_blocks = (n + block_columns - 1) / block_columns;
-  const int64_t row_tiles = std::max<int64_t>(1, (m + kMaxTileRows - 1) / kMaxTileRows);
+  const int64_t row_tiles = RowTiles(m);
   const int64_t tile_rows = (m + row_tiles - 1) / row_tiles;
   auto run_tiles = [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; ++t) {
       GemmTile tile;
       tile.block = t % num_blocks;
-      tile.row_begin = t / num_blocks * tile_rows;
+      tile.row_tile = t / num_blocks;
+      tile.row_begin = tile.row_tile * tile_rows;
       tile.row_end = std::min(m, tile.row_begin + tile_rows);
       tile.col_begin = tile.block * block_columns;
       tile.col_end = std::min(n, tile.col_begin + block_columns);
@@ -203,12 +207,19 @@ PackedMatrix::PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const f
 }
 
 void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const PackedMatrix& b, float* c,
-                  const GemmEpilogue& epilogue) {
+                  const GemmEpilogue& epilogue, const GemmRowsEpilogue& rows_epilogue) {
   const int64_t n = b.n_, k = b.k_;
+  const int64_t num_blocks = static_cast<int64_t>(b.blocks_.size());
+  // Column blocks finished per row tile; the thread that finishes the last one runs rows_epilogue (the counter's
+  // read-modify-write orders the other threads' stores to C before it).
+  std::vector<std::atomic<int64_t>> finished(rows_epilogue ? RowTiles(m) : 0);
   ForEachTile(pool, m, n, b.block_columns_, 2.0 * m * n * k, [&](const GemmTile& tile) {
     b.backend_->Multiply(tile.row_end - tile.row_begin, tile.col_end - tile.col_begin, k, a + tile.row_begin * k, k,
                          b.blocks_[tile.block].get(), c + tile.row_begin * n + tile.col_begin, n);
     if (epilogue) epilogue(tile);
+    if (rows_epilogue && finished[tile.row_tile].fetch_add(1) + 1 == num_blocks) {
+      rows_epilogue(tile.row_begin, tile.row_end);
+    }
   });
 }
 

@@ -22,13 +22,18 @@
 namespace bertserve {
 namespace cpu {
 
-// A tile of C: rows [row_begin, row_end) of columns [col_begin, col_end), which is column block `block`.
+// A tile of C: rows [row_begin, row_end) of columns [col_begin, col_end), which is column block `block` of row
+// tile `row_tile`.
 struct GemmTile {
-  int64_t block, row_begin, row_end, col_begin, col_end;
+  int64_t block, row_tile, row_begin, row_end, col_begin, col_end;
 };
 
 // Runs on a finished tile of C, on the thread that computed it, while the tile is still in its cache.
 using GemmEpilogue = std::function<void(const GemmTile& tile)>;
+
+// Runs once per row tile of C, on rows [row_begin, row_end) of all n columns, on the thread that finished the last
+// of the tile's column blocks: work on whole rows (a LayerNorm) without a parallel loop of its own.
+using GemmRowsEpilogue = std::function<void(int64_t row_begin, int64_t row_end)>;
 
 class GemmBackend;
 
@@ -56,7 +61,7 @@ class PackedMatrix {
     void operator()(float* p) const;
   };
   friend void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const PackedMatrix& b, float* c,
-                           const GemmEpilogue& epilogue);
+                           const GemmEpilogue& epilogue, const GemmRowsEpilogue& rows_epilogue);
 
   const GemmBackend* backend_;
   int64_t k_, n_, block_columns_;
@@ -66,9 +71,10 @@ class PackedMatrix {
 // C[m, n] = A[m, k] * B[k, n], all row-major and contiguous, B packed beforehand (A has B's k columns, C its n).
 // Columns are split into about 2 * pool.num_threads blocks: each reads only its slice of B (the weights) and all of
 // A (the tokens), which keeps the weight traffic, the dominant cost at serving batch sizes, at one pass. Beyond 512
-// rows the rows are split into tiles too, each re-reading the weights once. epilogue may be empty.
+// rows the rows are split into tiles too, each re-reading the weights once. epilogue and rows_epilogue may be
+// empty; a tile's epilogue runs before its row tile's rows_epilogue.
 void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const PackedMatrix& b, float* c,
-                  const GemmEpilogue& epilogue);
+                  const GemmEpilogue& epilogue, const GemmRowsEpilogue& rows_epilogue = {});
 
 }  // namespace cpu
 }  // namespace bertserve
