@@ -113,6 +113,23 @@ BERTSERVE_VECTORIZED void AddBias(const float* bias, int64_t n, float* x) {
   for (int64_t i = 0; i < n; ++i) x[i] += bias[i];
 }
 
+BERTSERVE_VECTORIZED void RowsTimesMatrix(const float* a, int64_t lda, int64_t rows, const float* b, int64_t ldb,
+                                          int64_t k, int64_t n, float* c, int64_t ldc) {
+  constexpr int64_t kRowGroup = 4;  // rows that share each row of b while it is in L1
+  for (int64_t first = 0; first < rows; first += kRowGroup) {
+    const int64_t group = std::min(kRowGroup, rows - first);
+    for (int64_t r = 0; r < group; ++r) std::fill_n(c + (first + r) * ldc, n, 0.0f);
+    for (int64_t p = 0; p < k; ++p) {
+      const float* __restrict b_row = b + p * ldb;
+      for (int64_t r = 0; r < group; ++r) {
+        const float a_rp = a[(first + r) * lda + p];
+        float* __restrict c_row = c + (first + r) * ldc;
+        for (int64_t j = 0; j < n; ++j) c_row[j] += a_rp * b_row[j];
+      }
+    }
+  }
+}
+
 BERTSERVE_VECTORIZED void AddBiasGelu(const float* bias, int64_t n, float* x) {
   constexpr float kInvSqrt2 = 0.70710678118654752f;
   for (int64_t i = 0; i < n; ++i) {

@@ -23,6 +23,11 @@ void AddBiasResidualLayerNorm(const float* y, const float* bias, const float* ga
 
 void AddBias(const float* bias, int64_t n, float* x);
 
+// c[rows, n] = a[rows, k] * b[k, n], row-major with row strides lda, ldb, ldc, b read in place: for products of
+// a few rows, where packing b for the GEMM kernels would cost more than the product.
+void RowsTimesMatrix(const float* a, int64_t lda, int64_t rows, const float* b, int64_t ldb, int64_t k, int64_t n,
+                     float* c, int64_t ldc);
+
 // x = gelu(x + bias), erf form.
 void AddBiasGelu(const float* bias, int64_t n, float* x);
 

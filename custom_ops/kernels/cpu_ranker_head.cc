@@ -1,13 +1,14 @@
-// The ranker's pooler and classifier on the CPU (cpu::RankerHead in bert_core.h): the pooler as one ParallelGemm
-// with bias and tanh applied to each tile while it is in cache, then the classifier's one or two dot products and
-// the score per row. Everything runs in float; fp16 inputs are widened first.
+// The ranker's pooler and classifier on the CPU (cpu::RankerHead in bert_core.h): the pooler as products of the
+// first tokens with column slices of its kernel, read in place, with bias and tanh applied to each slice while it
+// is in cache, then the classifier's one or two dot products and the score per row. Everything runs in float; fp16
+// inputs are widened first.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include "custom_ops/kernels/bert_core.h"
-#include "custom_ops/kernels/cpu_gemm.h"
 #include "custom_ops/kernels/cpu_math.h"
 
 namespace bertserve {
@@ -16,6 +17,8 @@ namespace {
 
 // Rough cycles of one row's classifier and score, for the pool's sharding.
 constexpr int64_t kHeadCyclesPerHidden = 4;
+// Columns of the pooler kernel per parallel task.
+constexpr int64_t kPoolerColumns = 64;
 
 // The float values of n elements: the input itself for float, a widened copy (kept in `storage`) for fp16.
 template <typename T>
@@ -47,13 +50,19 @@ void RankerHead(const RankerHeadWeights<T>& w, const T* first_tokens, int64_t ba
   const float* pooler_bias = AsFloat(w.pooler_bias, h, &pooler_bias_f);
   const float* classifier_kernel = AsFloat(w.classifier_kernel, h * labels, &classifier_kernel_f);
   const float* classifier_bias = AsFloat(w.classifier_bias, labels, &classifier_bias_f);
-  // Packed per call: the pooler is one H x H product per row, small beside the encoder before it.
-  const PackedMatrix pooler(pool, h, h, AsFloat(w.pooler_kernel, h * h, &pooler_kernel_f));
+  // The pooler kernel is read in place, not packed for the GEMM kernels: one H x H product per row, so packing
+  // (a copy of the kernel into fresh memory on every call) cost more than the product at serving batch sizes.
+  const float* pooler_kernel = AsFloat(w.pooler_kernel, h * h, &pooler_kernel_f);
   std::vector<float> pooled(batch * h);
-  ParallelGemm(pool, batch, first, pooler, pooled.data(), [&](const GemmTile& t) {
-    for (int64_t r = t.row_begin; r < t.row_end; ++r) {
-      float* row = pooled.data() + r * h;
-      for (int64_t c = t.col_begin; c < t.col_end; ++c) row[c] = std::tanh(row[c] + pooler_bias[c]);
+  const int64_t slices = (h + kPoolerColumns - 1) / kPoolerColumns;
+  pool.parallel_for(slices, 2 * batch * h * kPoolerColumns, [&](int64_t begin, int64_t end) {
+    for (int64_t slice = begin; slice < end; ++slice) {
+      const int64_t col_begin = slice * kPoolerColumns, cols = std::min(kPoolerColumns, h - col_begin);
+      RowsTimesMatrix(first, h, batch, pooler_kernel + col_begin, h, h, cols, pooled.data() + col_begin, h);
+      for (int64_t r = 0; r < batch; ++r) {
+        float* row = pooled.data() + r * h;
+        for (int64_t c = col_begin; c < col_begin + cols; ++c) row[c] = std::tanh(row[c] + pooler_bias[c]);
+      }
     }
   });
   pool.parallel_for(batch, kHeadCyclesPerHidden * h * labels, [&](int64_t begin, int64_t end) {
