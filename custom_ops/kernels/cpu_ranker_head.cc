@@ -17,8 +17,8 @@ namespace {
 
 // Rough cycles of one row's classifier and score, for the pool's sharding.
 constexpr int64_t kHeadCyclesPerHidden = 4;
-// Columns of the pooler kernel per parallel task.
-constexpr int64_t kPoolerColumns = 64;
+// Columns of the pooler kernel per parallel task: 768-byte runs of each kernel row at hidden 768.
+constexpr int64_t kPoolerColumns = 192;
 
 // The float values of n elements: the input itself for float, a widened copy (kept in `storage`) for fp16.
 template <typename T>
