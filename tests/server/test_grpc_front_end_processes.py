@@ -16,7 +16,9 @@ import numpy as np
 import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, prediction_service_pb2_grpc)
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, predict_pb2,
+                                     prediction_service_pb2_grpc)
 
 from serving_harness import REPO_ROOT, ServerProcess, metric_total
 from tiny_models import direct_scores, predict_request, tensor, token_inputs
@@ -205,3 +207,63 @@ def test_front_ends_that_cannot_listen_stop_the_server(models_dir, start_server)
         assert server.proc.wait(120) == 1
     assert f"cannot listen for gRPC on 0.0.0.0:{port}" in server.log()
     assert "before it listened" in server.log()
+
+
+def _typed(inputs: dict[str, np.ndarray]) -> dict[str, tensor_pb2.TensorProto]:
+    """The same inputs in int_val, not tensor_content."""
+    protos = {}
+    for name, value in inputs.items():
+        proto = tensor_pb2.TensorProto(dtype=types_pb2.DT_INT32)
+        proto.tensor_shape.dim.extend(tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in value.shape)
+        proto.int_val.extend(value.ravel().tolist())
+        protos[name] = proto
+    return protos
+
+
+def _request_cases() -> dict[str, predict_pb2.PredictRequest]:
+    good = token_inputs(2, 8, seed=9)
+    cases = {"tensor_content": predict_request("tiny", good), "version": predict_request("tiny", good, version=1),
+             "output_filter": predict_request("tiny", good), "typed_fields": predict_request("tiny", {})}
+    cases["output_filter"].output_filter.append("scores")
+    for name, proto in _typed(good).items():
+        cases["typed_fields"].inputs[name].CopyFrom(proto)
+    cases["wrong_dtype"] = predict_request("tiny", {**good, "input_ids": good["input_ids"].astype(np.float32)})
+    cases["short_content"] = predict_request("tiny", good)
+    cases["short_content"].inputs["input_mask"].tensor_content = good["input_mask"].tobytes()[:-4]
+    cases["negative_dim"] = predict_request("tiny", good)
+    cases["negative_dim"].inputs["segment_ids"].tensor_shape.dim[0].size = -2
+    cases["missing_input"] = predict_request("tiny", {k: v for k, v in good.items() if k != "segment_ids"})
+    cases["extra_input"] = predict_request("tiny", {**good, "extra": good["input_ids"]})
+    cases["gap_in_mask"] = predict_request("tiny", {**good, "input_mask": np.array(
+        [[1, 0, 1, 1, 0, 0, 0, 0]] * 2, np.int32)})
+    cases["unknown_model"] = predict_request("nope", good)
+    cases["unknown_version"] = predict_request("tiny", good, version=99)
+    cases["unknown_signature"] = predict_request("tiny", good, signature="nope")
+    cases["bad_output_filter"] = predict_request("tiny", good)
+    cases["bad_output_filter"].output_filter.append("nope")
+    cases["version_and_label"] = predict_request("tiny", good, version=1, label="stable")
+    return cases
+
+
+@pytest.mark.parametrize("case", sorted(_request_cases()))
+def test_predict_through_front_ends_answers_as_in_one_process(server, tiny_server, case):
+    """Answers, and an error's code and text, are the single-process server's (tiny_server), for good requests
+    and for each kind of bad one."""
+    request = _request_cases()[case]
+
+    def outcome(target):
+        try:
+            return "OK", target.predict.Predict(request, timeout=60)
+        except grpc.RpcError as error:
+            return error.code(), error.details()
+
+    (code, answer), (expected_code, expected) = outcome(server), outcome(tiny_server)
+    assert code == expected_code, (answer, expected)
+    if code == "OK":
+        assert answer.model_spec == expected.model_spec
+        assert answer.outputs.keys() == expected.outputs.keys()
+        for name in answer.outputs:  # typed fields, as TF Serving answers without tensor_content
+            assert answer.outputs[name].float_val and not answer.outputs[name].tensor_content
+            np.testing.assert_allclose(tensor(answer.outputs[name]), tensor(expected.outputs[name]), rtol=1e-6)
+    else:
+        assert answer == expected
