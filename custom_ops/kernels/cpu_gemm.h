@@ -49,8 +49,9 @@ const GemmBackend& SelectedGemmBackend();
 std::string GemmBackendName(const GemmBackend& backend);
 
 // B [k, n] (row-major, contiguous) split into the column blocks ParallelGemm shards over, each block packed into
-// the layout of `backend`. Immutable once built, so concurrent GEMMs may share it; it does not refer to b
-// afterwards. Throws std::bad_alloc when the packed copy cannot be allocated.
+// the layout of `backend`, all blocks in one allocation on transparent huge pages where the kernel gives them.
+// Immutable once built, so concurrent GEMMs may share it; it does not refer to b afterwards. Throws std::bad_alloc
+// when the packed copy cannot be allocated.
 class PackedMatrix {
  public:
   PackedMatrix(const ThreadPool& pool, int64_t k, int64_t n, const float* b,
@@ -65,7 +66,8 @@ class PackedMatrix {
 
   const GemmBackend* backend_;
   int64_t k_, n_, block_columns_;
-  std::vector<std::unique_ptr<float, AlignedFree>> blocks_;
+  std::unique_ptr<float, AlignedFree> storage_;
+  std::vector<float*> blocks_;  // into storage_
 };
 
 // C[m, n] = A[m, k] * B[k, n], all row-major and contiguous, B packed beforehand (A has B's k columns, C its n).
