@@ -192,25 +192,25 @@ def chitchat_part(cache: str, queries: int) -> dict:
     return out
 
 
-def bars(minilm: dict | None, chitchat: dict) -> dict:
-    """Each scheme against each bar: True/False, None where the part has not run."""
+def bars(minilm: dict, chitchat: dict) -> dict:
+    """Each scheme against each bar (top-1 and Spearman on both models). The chit-chat verdicts are over the
+    queries scored so far: they count once "complete" is true (>= 2,000 queries)."""
     out = {}
     for name in SCHEMES[1:]:
-        row: dict = {}
-        if minilm:
-            row["minilm_accuracy_at_1_and_mrr"] = max(abs(minilm[name]["accuracy_at_1_delta"]),
-                                                      abs(minilm[name]["mrr_delta"])) <= BARS[
-                "accuracy_at_1_and_mrr_within"]
-        if name in chitchat:
-            done = chitchat["queries"] >= chitchat["queries_wanted"]
-            top1, rho = chitchat[name]["top1_identical"], chitchat[name]["spearman_mean"]
-            row["chitchat_top1"] = top1 >= BARS["top1_identical_at_least"] if done else None
-            row["chitchat_spearman"] = rho >= BARS["mean_spearman_at_least"] if done else None
+        m = minilm[name]
+        row = {"minilm_accuracy_at_1_and_mrr": max(abs(m["accuracy_at_1_delta"]), abs(m["mrr_delta"]))
+               <= BARS["accuracy_at_1_and_mrr_within"]}
+        for model, result in (("minilm", m), ("chitchat", chitchat.get(name))):
+            if result:
+                row[f"{model}_top1"] = result["top1_identical"] >= BARS["top1_identical_at_least"]
+                row[f"{model}_spearman"] = result["spearman_mean"] >= BARS["mean_spearman_at_least"]
         out[name] = row
     return out
 
 
 NOTES = [
+    "With 44 held-out MiniLM queries one query changing its rank-1 reply moves accuracy@1 by 0.023, so the 0.005 "
+    "bar on accuracy@1 allows no such change at all.",
     "fp32 = the same weights unrounded. Rounding: round to nearest even, saturating at +-448 (ml_dtypes "
     "float8_e4m3fn after a clip). GEMM operands are codes x float32 scales; the simulation accumulates in float64 "
     "(minilm) or float32 (chitchat); the kernels accumulate in fp32.",
