@@ -113,7 +113,7 @@ def minilm_part(checkpoint: str, percentile: float | None) -> dict:
                  "forward": "float64 reference (export/reference.py) through its GEMM hook"}
     per_query = {}
     by_name = schemes(weights, tokenizer, percentile)
-    out["static_amax"] = np.round(by_name["fp8_static"].activations * 448, 4).tolist()
+    out["static_amax"] = np.round(by_name["fp8_static"].activations * fp8.E4M3_MAX, 4).tolist()
     for name, scheme in by_name.items():
         started = time.monotonic()
         scores = fp8.reference_scores(weights, scheme, *inputs)
@@ -175,6 +175,8 @@ def minilm_tokenizer():
 
 def chitchat_part(cache: str, queries: int) -> dict:
     """The bars over the chunks in the cache (complete when they cover `queries`)."""
+    from bertserve.export import fp8
+
     paths = [chunk_path(cache, i) for i in range(-(-queries // CHUNK))]
     chunks = [np.load(path) for path in paths if os.path.exists(path)]
     out: dict = {"queries": len(chunks) * CHUNK, "queries_wanted": queries, "replies_per_query": REPLIES,
@@ -188,7 +190,8 @@ def chitchat_part(cache: str, queries: int) -> dict:
     top2 = np.sort(scores["fp32"], axis=1)[:, -2:]
     out["fp32_top1_top2_gap_median"] = float(np.median(top2[:, 1] - top2[:, 0]))
     out["fp32_score_std_within_query_mean"] = float(scores["fp32"].std(axis=1).mean())
-    out["static_amax"] = np.round(np.load(os.path.join(cache, "chitchat_static_scales.npy")) * 448, 4).tolist()
+    out["static_amax"] = np.round(np.load(os.path.join(cache, "chitchat_static_scales.npy")) * fp8.E4M3_MAX,
+                                  4).tolist()
     return out
 
 
@@ -250,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     from bertserve.bench.machine import machine
+    from bertserve.train import pairs
 
     # One cache per calibration setting; the fine-tuned MiniLM is shared.
     cache = os.path.join(args.cache, "amax" if args.percentile is None else f"percentile_{args.percentile:g}")
@@ -278,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"calibration batches of {CALIBRATION_BATCH} pairs" + (
                        f" (percentile {args.percentile})" if args.percentile is not None else ""),
                    "activations_dynamic": "per token, row amax/448",
-                   "calibration_pairs": "train/data/train_pairs.tsv (808 shipped pairs)",
+                   "calibration_pairs": f"train/data/{os.path.basename(pairs.TRAIN_PAIRS)} "
+                                        f"({len(pairs.read_pairs(pairs.TRAIN_PAIRS))} shipped pairs)",
                    "fp32_parts": "embeddings, LayerNorm, attention (QK^T, softmax, PV), bias, GELU, residuals, "
                                  "pooler, head"},
         "bars": BARS, "minilm": minilm, "chitchat": chitchat, "passed": bars(minilm, chitchat), "notes": NOTES,

@@ -86,9 +86,11 @@ class Fp8Weights:
         """The codes' bytes: the form a TF SavedModel stores (beside the float32 scales)."""
         return self.codes[name].view(np.uint8)
 
-    def dequantized(self, name: str, dtype: type = np.float64) -> np.ndarray:
-        """codes x scales: the kernel the fp8 GEMM computes with (exact in float64)."""
-        return self.codes[name].astype(dtype) * self.scales[name][:, None, :].astype(dtype)
+    def dequantized(self, name: str, dtype: type = np.float64, layer: int | None = None) -> np.ndarray:
+        """codes x scales: the kernel the fp8 GEMM computes with (exact in float64), of every layer or one."""
+        if layer is None:
+            return self.codes[name].astype(dtype) * self.scales[name][:, None, :].astype(dtype)
+        return self.codes[name][layer].astype(dtype) * self.scales[name][layer].astype(dtype)
 
 
 def quantize_weights(w: BertWeights) -> Fp8Weights:
@@ -126,8 +128,7 @@ class _SchemeHook:
         q = self.scheme.weights
         if q is None:
             return g
-        return {**g, **{name: q.codes[name][layer].astype(self.dtype) * q.scales[name][layer].astype(self.dtype)
-                        for name in GEMM_KERNELS}}
+        return {**g, **{name: q.dequantized(name, self.dtype, layer) for name in GEMM_KERNELS}}
 
     def inputs(self, layer: int, site: str, x: np.ndarray) -> np.ndarray:
         activations = self.scheme.activations
