@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import time
 from typing import Any, Protocol, Sequence
 
@@ -26,8 +27,11 @@ from tqdm import tqdm
 
 from bertserve.client.errors import ServingError
 from bertserve.client.padding import PaddedBatch
+from bertserve.client.retry import RetryPolicy, acall_with_retries
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+# Warm-up requests refused for load are retried, with up to ~8.5 s of backoff in all, before the warm-up gives up.
+_WARM_UP_RETRIES = RetryPolicy(max_retries=12, initial_backoff_s=0.05, max_backoff_s=1.0)
 FIRST_WORD_PIECE_ID = 1000  # below: [PAD], [unusedN], [UNK], [CLS], [SEP], [MASK] and punctuation in BERT vocabs
 CLS_ID, SEP_ID = 101, 102   # BERT's uncased/cased vocabs; pass others via RequestShape
 
@@ -320,9 +324,10 @@ async def closed_loop(transport: Transport, requests: Sequence, concurrency: int
 async def warm_up(transport: Transport, requests: Sequence, timeout_s: float, count: int = 4) -> None:
     """Sequential requests, then a concurrent burst (merged batches of several sizes), so that connection setup
     and first-call costs per batch shape stay out of the numbers. A burst request refused for load (UNAVAILABLE:
-    a small batch queue) has done its job; any other error is raised."""
+    a small batch queue) has done its job; any other error is raised. The sequential requests are retried when
+    refused for load, since other client processes may be bursting at the same time."""
     for request in requests[:count]:
-        await transport.predict_request(request, timeout_s)
+        await acall_with_retries(functools.partial(transport.predict_request, request, timeout_s), _WARM_UP_RETRIES)
     answers = await asyncio.gather(*(transport.predict_request(r, timeout_s) for r in requests[:2 * count]),
                                    return_exceptions=True)
     for answer in answers:
