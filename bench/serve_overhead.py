@@ -12,8 +12,8 @@ Four parts, all on this machine, side by side in one run (the CPUs are shared: q
    (--grpc_front_end_processes=1) and FRONT_END_PROCESSES front-end processes forwarding to it; each round also
    times GetModelStatus (no model: the cost of carrying a call). Beside them, the floor: a server that answers
    Predict with its request bytes, on grpc.aio and on grpcio's thread-pool server (EchoServer): grpcio's own CPU
-   per call here, under any Python server's. With --baseline-pythonpath, a server from
-   another checkout (an older design) joins the rotation.
+   per call here, under any Python server's. With --baseline-pythonpath, servers from
+   another checkout (an older design) join the rotation, in both gRPC designs.
 2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
    signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
    (as the gRPC handler threads drive it): requests/s and mean batch size.
@@ -347,8 +347,11 @@ def tiny_part(base: str, quick: bool, baseline: tuple[str, str] | None) -> dict:
             "rest_keep_alive": lambda: rest_predict(session, plain, rest_body),
             "rest_new_connection": lambda: rest_predict(requests, plain, rest_body)}, 300 if quick else 2000)
         no_batching = closed_loop_rps(plain.server, request, 64, 3 if quick else 10)
-    designs = {"this_tree": (None, 1), MULTI_PROCESS: (None, FRONT_END_PROCESSES),
-               **({baseline[0]: (baseline[1], 1)} if baseline else {})}
+    designs = {"this_tree": (None, 1), MULTI_PROCESS: (None, FRONT_END_PROCESSES)}
+    if baseline:
+        name, pythonpath = baseline
+        designs.update({name: (pythonpath, 1), f"{name}_{FRONT_END_PROCESSES}_front_end_processes":
+                        (pythonpath, FRONT_END_PROCESSES)})
     throughput = side_by_side_throughput(path, request, designs, 1 if quick else 3, 3 if quick else 10)
     floor = grpc_floor(request, quick)
     direct_p50 = latency["direct_call"]["p50_us"]

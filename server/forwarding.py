@@ -1,11 +1,11 @@
-"""The link between a gRPC front-end process and the main process: length-prefixed frames on a socketpair.
+"""The link between a gRPC front-end process (C++) and the main process: length-prefixed frames on a socketpair.
 
 Calls go one way as (call id, seconds left, method name, request bytes) and answers come back as (call id,
 status code, details, response bytes): bytes as gRPC delivered them, never a parsed or pickled protobuf, so a
 hand-off costs a few struct operations and a copy. Frames queued in one pass of the event loop leave in one
 write (a batch's answers, a burst of calls), and a reader parses every whole frame a read brought in.
 
-This module imports no TensorFlow (the front-end processes use it).
+The front-end end of the link is C++ (server/cc/front_end_process.cc), which keeps the same layouts.
 """
 
 from __future__ import annotations
@@ -35,12 +35,6 @@ def _frame(kind: Kind, *parts: bytes) -> list[bytes]:
     return [LENGTH.pack(1 + sum(len(part) for part in parts)), bytes((kind,)), *parts]
 
 
-def call_frame(call_id: int, method: str, seconds_left: float | None, payload: bytes) -> list[bytes]:
-    name = method.encode()
-    return _frame(Kind.CALL, CALL.pack(call_id, -1.0 if seconds_left is None else seconds_left, len(name)), name,
-                  payload)
-
-
 def parse_call(frame: bytes, start: int, end: int) -> tuple[int, str, float | None, bytes]:
     """(call id, method, seconds left, request bytes) of a CALL frame's body at frame[start:end]."""
     call_id, seconds_left, name_length = CALL.unpack_from(frame, start)
@@ -53,18 +47,6 @@ def parse_call(frame: bytes, start: int, end: int) -> tuple[int, str, float | No
 def answer_frame(call_id: int, code: int, details: str, body: bytes) -> list[bytes]:
     text = details.encode()
     return _frame(Kind.ANSWER, ANSWER.pack(call_id, code, len(text)), text, body)
-
-
-def parse_answer(frame: bytes, start: int, end: int) -> tuple[int, int, str, bytes]:
-    """(call id, status code, details, response bytes) of an ANSWER frame's body at frame[start:end]."""
-    call_id, code, details_length = ANSWER.unpack_from(frame, start)
-    details_start = start + ANSWER.size
-    body_start = details_start + details_length
-    return call_id, code, frame[details_start:body_start].decode(errors="replace"), frame[body_start:end]
-
-
-def call_id_frame(kind: Kind, call_id: int) -> list[bytes]:
-    return _frame(kind, CALL_ID.pack(call_id))
 
 
 def flag_frame(kind: Kind, value: bool) -> list[bytes]:

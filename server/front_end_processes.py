@@ -1,10 +1,11 @@
 """--grpc_front_end_processes=N (N > 1): N gRPC front-end processes on the gRPC port, answered by this process.
 
-grpc.aio's own per-call work (HTTP/2, its Cython layer) costs far more CPU than what this server does with a
-request, and one Python process runs it on one core. So N processes terminate gRPC on the same port
-(SO_REUSEPORT) and forward each call's bytes here (server/front_end_process.py, server/forwarding.py); this
-process parses and answers them with the same GrpcApi as the single-process mode, on the front ends' event
-loop beside REST, so models, batch queues, the in-flight bound, metrics and health stay in one place.
+grpc.aio's own per-call work (HTTP/2, its Cython layer) costs more CPU than what this server does with a
+request, and one Python process runs it on one core. So N processes of a small C++ program
+(server/cc/front_end_process.cc, built by `make setup`) terminate gRPC on the same port (SO_REUSEPORT) and forward
+each call's bytes here (server/forwarding.py); this process parses and answers them with the same GrpcApi as the
+single-process mode, on the front ends' event loop beside REST, so models, batch queues, the in-flight bound,
+metrics and health stay in one place.
 
 A front-end process that exits or whose link breaks is noticed at once: its calls here are cancelled and it is
 started again. More than MAX_RESTARTS restarts within RESTART_WINDOW_SECONDS, or a replacement that cannot
@@ -22,7 +23,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from typing import Callable
 
@@ -31,6 +31,7 @@ from bertserve.server.forwarding import FrameLink, Kind
 from bertserve.server.grpc_service import GrpcApi
 
 log = logging.getLogger("bertserve.server")
+FRONT_END_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cc", "bertserve_front_end")
 START_TIMEOUT_SECONDS = 60.0
 MAX_RESTARTS, RESTART_WINDOW_SECONDS = 5, 60.0
 # After the drain grace, time for the front ends to close their calls and exit before they are killed.
@@ -78,6 +79,9 @@ class FrontEndProcesses:
 
     async def start(self) -> None:
         """Starts every front end and waits until each listens; OSError (after stopping them) if one cannot."""
+        if not os.access(FRONT_END_PROGRAM, os.X_OK):
+            raise OSError(f"--grpc_front_end_processes needs the front-end program {FRONT_END_PROGRAM}: "
+                          f"`make setup` builds it (Debian's libgrpc++-dev)")
         try:
             for index in range(self.count):
                 await self._spawn(index)
@@ -116,7 +120,7 @@ class FrontEndProcesses:
         ours, theirs = socket.socketpair()
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bertserve.server.front_end_process", f"--link_fd={theirs.fileno()}",
+                FRONT_END_PROGRAM, f"--link_fd={theirs.fileno()}",
                 f"--index={index}", f"--port={self.port}",
                 # a UNIX socket cannot be shared: the first front end serves it
                 f"--grpc_socket_path={self.unix_socket if index == 0 else ''}",

@@ -3,8 +3,8 @@
 One loop for both: a request is decoded, checked and queued on it and then awaited, so no thread is held per
 request, and the only hand-offs are loop -> batch thread -> loop. Blocking work (unbatched model calls, JSON
 parsing, config reloads) runs on `blocking_threads`. gRPC is terminated on this loop too (grpc_processes 1) or by
-that many front-end processes that forward each call's bytes to it (server/front_end_processes.py); either way
-GrpcApi answers the call here.
+that many C++ front-end processes that forward each call's bytes to it (server/front_end_processes.py); either
+way GrpcApi answers the call here.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class FrontEnds:
                 self._grpc = processes
             else:
                 self._grpc = await GrpcFrontEnd.start(options.grpc_port, options.grpc_socket_path, api.methods,
-                                                      api.answer, reuse_port=False)
+                                                      api.answer)
             log.info("Running gRPC ModelServer at 0.0.0.0:%d ...%s", options.grpc_port,
                      f" ({options.grpc_processes} front-end processes)" if options.grpc_processes > 1 else "")
         if options.rest_port:

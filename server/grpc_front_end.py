@@ -1,12 +1,10 @@
 """The gRPC server itself: terminates gRPC and hands every call on as bytes, whatever its method.
 
-Used the same way in both modes of `--grpc_front_end_processes`: in the main process (1, the default) `answer` is
-the API's own (server/grpc_service.py); in each front-end process (N > 1) it forwards the call to the main
-process (server/front_end_process.py), which also names the methods to serve. No handler deserializes anything,
-so every method (Predict, Classify, Regress, MultiInference, metadata, status, reload) is parsed, checked and
-answered by the same code in both modes. Health (grpc.health.v1, with its streaming Watch) is served here from the state the main process sets.
-
-This module imports no TensorFlow: a front-end process starts in well under a second and stays small.
+With `--grpc_front_end_processes` 1 (the default) this server terminates gRPC in the main process and `answer` is
+the API's own (server/grpc_service.py). No handler deserializes anything, so every method (Predict, Classify,
+Regress, MultiInference, metadata, status, reload) is parsed, checked and answered by the same code as the
+calls that front-end processes (N > 1: server/cc/front_end_process.cc) forward as bytes. Health (grpc.health.v1,
+with its streaming Watch) is served here from the state the server sets.
 """
 
 from __future__ import annotations
@@ -53,15 +51,12 @@ class GrpcFrontEnd:
         self.server, self.health = server, health_servicer
 
     @classmethod
-    async def start(cls, port: int, unix_socket: str, methods: Sequence[str], answer: Answer,
-                    reuse_port: bool) -> "GrpcFrontEnd":
+    async def start(cls, port: int, unix_socket: str, methods: Sequence[str], answer: Answer) -> "GrpcFrontEnd":
         """Listens on `port` (0: none) and `unix_socket` ("": none), OSError if it cannot; call from the event loop
         that will serve it. methods: the full names ("/package.Service/Method") handed to `answer`; gRPC answers
-        others UNIMPLEMENTED. reuse_port: share the port with the other front-end processes (SO_REUSEPORT; the
-        kernel spreads connections over them). Without it a port already taken is an error, not a shared port."""
+        others UNIMPLEMENTED. The port is not shared (no SO_REUSEPORT): a port already taken is an error."""
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", -1),
-                                          ("grpc.max_send_message_length", -1),
-                                          ("grpc.so_reuseport", int(reuse_port))])
+                                          ("grpc.max_send_message_length", -1), ("grpc.so_reuseport", 0)])
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         # Registered, not generic, handlers: gRPC then delivers a call together with its request bytes, where a

@@ -262,8 +262,8 @@ def swap_step(load: ClientProcesses, server: ServerProcess, gpu: GpuSampler, ver
 
 
 def _server_processes(server: ServerProcess) -> list[int]:
-    """The server and its Python children (front-end processes): the ones whose sitecustomize installed the
-    sampler's signal handlers (a signal to any other process would end it)."""
+    """The server and its Python children: the ones whose sitecustomize installed the sampler's signal handlers
+    (a signal to any other process, such as a C++ gRPC front end, would end it)."""
     parent = psutil.Process(server.proc.pid)
     return [parent.pid] + [p.pid for p in parent.children(recursive=True) if "python" in p.name().lower()]
 

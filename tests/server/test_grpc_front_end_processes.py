@@ -103,6 +103,39 @@ def test_unparsable_bytes_are_invalid_argument_and_fail_no_other_call(server):
     assert "tensorflow.serving.GetModelStatusRequest" in info.value.details()
 
 
+def test_health_watch_unknown_services_and_methods_as_grpc_answers_them(server):
+    """Health is gRPC's own service (Check, and Watch's stream of states); a service it does not know is NOT_FOUND
+    to Check and SERVICE_UNKNOWN to Watch; a method nobody serves is UNIMPLEMENTED, all from the front end."""
+    channel = server.channel
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"):
+        assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == SERVING
+    with pytest.raises(grpc.RpcError) as info:
+        health.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    assert next(watch).status == SERVING
+    watch.cancel()
+    unknown = health.Watch(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
+    assert next(unknown).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    unknown.cancel()
+    with pytest.raises(grpc.RpcError) as info:
+        channel.unary_unary("/tensorflow.serving.PredictionService/Nope")(b"", timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_front_ends_exit_when_the_main_process_dies(models_dir, start_server):
+    """A front end without its main process could only fail calls: it closes its port and exits at once."""
+    server = start_server("--model_name=tiny", f"--model_base_path={models_dir}/tiny", "--grpc_front_end_processes=2")
+    front_ends = _front_ends(server)
+    assert len(front_ends) == 2
+    server.proc.kill()
+    server.proc.wait(30)
+    _, alive = psutil.wait_procs(front_ends, timeout=10)  # not this process's children: no exit codes here
+    assert not alive, f"front ends {alive} outlived their main process"
+    assert server.log().count("the main process is gone; exiting") == 2
+
+
 def test_killed_front_end_is_replaced(server):
     victim = _front_ends(server)[1]
     victim.kill()

@@ -1,0 +1,423 @@
+// A gRPC front-end process of `bertserve serve --grpc_front_end_processes=N` (N > 1), in C++.
+//
+// It terminates gRPC on the shared port (SO_REUSEPORT: the kernel spreads new connections over the N processes)
+// and forwards every call, as bytes, over its socketpair to the main process, which owns the models, batchers,
+// metrics and REST and answers it (server/front_end_processes.py, server/forwarding.py hold the frame format).
+// Why C++: grpc.aio costs ~330 CPU-us per call on a 2-core host, where this process costs a fraction of it
+// (bench/serve_overhead.py); the front ends then leave the cores to the model and the main process.
+//
+// It holds no state but its calls in flight; health (grpc.health.v1 Check and Watch, gRPC's own service) is what
+// the main process last said. SIGTERM and SIGINT are ignored (a signal to the process group reaches the main
+// process, which drains the front ends itself); DRAIN makes it finish its calls in flight within the grace and
+// exit 0; a lost link (the main process is gone) makes it exit 1 at once; a port it cannot listen on, 3.
+//
+// Run by the main process as `bertserve_front_end --link_fd=FD --index=I --port=P --grpc_socket_path=PATH
+// --drain_grace_seconds=S --methods=/pkg.Service/Method,...`.
+
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace {
+
+constexpr int kExitLinkLost = 1;
+constexpr int kExitCannotListen = 3;
+constexpr int kExitBadArguments = 2;
+
+// Frame kinds and layouts: server/forwarding.py (little-endian, packed).
+enum Kind : uint8_t { kCall = 1, kCancel = 2, kReady = 3, kAnswer = 4, kHealth = 5, kDrain = 6 };
+constexpr size_t kLengthSize = 4;     // <I: bytes after the length field (kind + body)
+constexpr size_t kCallHeader = 14;    // <IdH: call id, seconds left (negative: none), method name length
+constexpr size_t kAnswerHeader = 9;   // <IBI: call id, status code, details length
+// Health services answered as the Python front end answers them (server/grpc_front_end.py HEALTH_SERVICES).
+const char* const kHealthServices[] = {"", "tensorflow.serving.PredictionService",
+                                       "tensorflow.serving.ModelService"};
+
+int g_index = 0;
+
+void Log(const char* level, const std::string& message) {
+  char stamp[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+  std::fprintf(stderr, "%s %s bertserve.server[front end %d]: %s\n", stamp, level, g_index, message.c_str());
+  std::fflush(stderr);
+}
+
+template <typename T>
+void Put(std::string* out, T value) {  // x86-64 and aarch64 are little-endian, as the frame format
+  out->append(reinterpret_cast<const char*>(&value), sizeof(value));
+}
+
+template <typename T>
+T Get(const char* data) {
+  T value;
+  std::memcpy(&value, data, sizeof(value));
+  return value;
+}
+
+class ForwardedCall;
+
+// The link to the main process: frames out from gRPC's threads, frames in on a reader thread of its own.
+class Link {
+ public:
+  explicit Link(int fd) : fd_(fd) {}
+
+  // Sends one frame (kind + body parts); false once the link is broken.
+  bool Send(Kind kind, const std::string& head, const std::vector<grpc::Slice>& payload = {}) {
+    size_t length = 1 + head.size();
+    for (const grpc::Slice& slice : payload) length += slice.size();
+    if (length > std::numeric_limits<uint32_t>::max()) return false;
+    std::string frame;
+    frame.reserve(kLengthSize + length);
+    Put<uint32_t>(&frame, static_cast<uint32_t>(length));
+    frame.push_back(static_cast<char>(kind));
+    frame.append(head);
+    for (const grpc::Slice& slice : payload) frame.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    std::lock_guard<std::mutex> lock(write_mutex_);
+    return WriteAll(frame.data(), frame.size());
+  }
+
+  // Blocks for the next frame: kind and body; false when the other end is gone.
+  bool Receive(Kind* kind, std::string* body) {
+    char header[kLengthSize];
+    if (!ReadAll(header, sizeof(header))) return false;
+    uint32_t length = Get<uint32_t>(header);
+    if (length < 1) return false;
+    char kind_byte;
+    if (!ReadAll(&kind_byte, 1)) return false;
+    body->resize(length - 1);
+    if (length > 1 && !ReadAll(&(*body)[0], length - 1)) return false;
+    *kind = static_cast<Kind>(kind_byte);
+    return true;
+  }
+
+  void Close() { ::shutdown(fd_, SHUT_RDWR); }
+
+ private:
+  bool WriteAll(const char* data, size_t size) {
+    while (size > 0) {
+      ssize_t written = ::write(fd_, data, size);
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) return false;
+      data += written;
+      size -= static_cast<size_t>(written);
+    }
+    return true;
+  }
+
+  bool ReadAll(char* data, size_t size) {
+    while (size > 0) {
+      ssize_t got = ::read(fd_, data, size);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return false;
+      data += got;
+      size -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+
+  int fd_;
+  std::mutex write_mutex_;
+};
+
+// Calls waiting for the main process's answer, by call id. Whoever takes a call out of the table (its answer, its
+// cancellation, or the link's loss) is the one that finishes it, so a call is finished exactly once.
+class CallTable {
+ public:
+  uint32_t Add(ForwardedCall* call) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint32_t id = next_id_++;
+    calls_[id] = call;
+    return id;
+  }
+
+  ForwardedCall* Take(uint32_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = calls_.find(id);
+    if (found == calls_.end()) return nullptr;
+    ForwardedCall* call = found->second;
+    calls_.erase(found);
+    return call;
+  }
+
+  std::vector<ForwardedCall*> TakeAll() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<ForwardedCall*> all;
+    for (auto& entry : calls_) all.push_back(entry.second);
+    calls_.clear();
+    return all;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<uint32_t, ForwardedCall*> calls_;
+  uint32_t next_id_ = 1;  // wraps like the Python front end's `& 0xFFFFFFFF`
+};
+
+// One unary call: its request read, sent to the main process, answered with what comes back.
+class ForwardedCall : public grpc::ServerGenericBidiReactor {
+ public:
+  ForwardedCall(grpc::GenericCallbackServerContext* context, Link* link, CallTable* table)
+      : context_(context), link_(link), table_(table) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client went away (or sent no message) before its request arrived
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the call ended before its request arrived"));
+      return;
+    }
+    std::vector<grpc::Slice> payload;
+    if (!request_.Dump(&payload).ok()) {
+      Finish(grpc::Status(grpc::StatusCode::INTERNAL, "could not read the request"));
+      return;
+    }
+    const std::string& method = context_->method();
+    std::string head;
+    id_ = table_->Add(this);
+    Put<uint32_t>(&head, id_);
+    Put<double>(&head, SecondsLeft());
+    Put<uint16_t>(&head, static_cast<uint16_t>(method.size()));
+    head.append(method);
+    if (!link_->Send(kCall, head, payload) && table_->Take(id_) != nullptr) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server's main process is gone"));
+    }
+  }
+
+  // The main process's answer (reader thread; the call was taken out of the table).
+  void Answer(uint8_t code, std::string details, const char* body, size_t body_size) {
+    if (code == 0) {
+      grpc::Slice slice(body, body_size);
+      response_ = grpc::ByteBuffer(&slice, 1);
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      Finish(grpc::Status(static_cast<grpc::StatusCode>(code), std::move(details)));
+    }
+  }
+
+  void FailUnavailable() {
+    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server's main process is gone"));
+  }
+
+  // The client cancelled or its deadline passed: the main process stops working on it too.
+  void OnCancel() override {
+    if (id_ != 0 && table_->Take(id_) != nullptr) {
+      std::string head;
+      Put<uint32_t>(&head, id_);
+      link_->Send(kCancel, head);
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  double SecondsLeft() const {
+    auto deadline = context_->deadline();
+    if (deadline == std::chrono::system_clock::time_point::max()) return -1.0;
+    double seconds = std::chrono::duration<double>(deadline - std::chrono::system_clock::now()).count();
+    if (seconds > 1e9) return -1.0;  // "infinite" deadlines come back as a far future, not max()
+    return seconds < 0 ? 0.0 : seconds;
+  }
+
+  grpc::GenericCallbackServerContext* context_;
+  Link* link_;
+  CallTable* table_;
+  std::atomic<uint32_t> id_{0};
+  grpc::ByteBuffer request_, response_;
+};
+
+// Every method reaches this service (health is gRPC's own, registered before it); the forwarded ones go to the
+// main process, the rest are UNIMPLEMENTED as gRPC answers a method nobody serves.
+class ForwardingService : public grpc::CallbackGenericService {
+ public:
+  ForwardingService(std::unordered_set<std::string> methods, Link* link, CallTable* table)
+      : methods_(std::move(methods)), link_(link), table_(table) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* context) override {
+    if (methods_.count(context->method()) == 0) {
+      class Unimplemented : public grpc::ServerGenericBidiReactor {
+       public:
+        Unimplemented() { Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "Method not found!")); }
+        void OnDone() override { delete this; }
+      };
+      return new Unimplemented;
+    }
+    return new ForwardedCall(context, link_, table_);
+  }
+
+ private:
+  std::unordered_set<std::string> methods_;
+  Link* link_;
+  CallTable* table_;
+};
+
+struct Arguments {
+  int link_fd = -1;
+  int port = 0;
+  std::string unix_socket;
+  double drain_grace_seconds = 0;
+  std::unordered_set<std::string> methods;
+};
+
+bool ParseArguments(int argc, char** argv, Arguments* args) {
+  std::map<std::string, std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    size_t equals = arg.find('=');
+    if (arg.rfind("--", 0) != 0 || equals == std::string::npos) return false;
+    given[arg.substr(2, equals - 2)] = arg.substr(equals + 1);
+  }
+  for (const char* required : {"link_fd", "index", "port", "drain_grace_seconds", "methods"}) {
+    if (given.count(required) == 0) return false;
+  }
+  try {
+    args->link_fd = std::stoi(given["link_fd"]);
+    g_index = std::stoi(given["index"]);
+    args->port = std::stoi(given["port"]);
+    args->drain_grace_seconds = std::stod(given["drain_grace_seconds"]);
+  } catch (const std::exception&) {
+    return false;
+  }
+  args->unix_socket = given["grpc_socket_path"];
+  std::stringstream methods(given["methods"]);
+  for (std::string method; std::getline(methods, method, ',');) {
+    if (!method.empty()) args->methods.insert(method);
+  }
+  return args->link_fd >= 0 && !args->methods.empty();
+}
+
+// What the reader thread tells the main thread: drain, or the link is gone.
+struct Ending {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool drain = false;
+  bool lost = false;
+};
+
+void SetHealth(grpc::Server* server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  for (const char* service : kHealthServices) health->SetServingStatus(service, serving);
+}
+
+// Reads the main process's frames until the link closes: answers, health, drain.
+void ReadFrames(Link* link, CallTable* table, std::atomic<grpc::Server*>* server, std::atomic<int>* health,
+                Ending* ending) {
+  Kind kind;
+  std::string body;
+  while (link->Receive(&kind, &body)) {
+    if (kind == kAnswer && body.size() >= kAnswerHeader) {
+      uint32_t id = Get<uint32_t>(body.data());
+      uint8_t code = static_cast<uint8_t>(body[4]);
+      uint32_t details_size = Get<uint32_t>(body.data() + 5);
+      if (kAnswerHeader + details_size > body.size()) continue;  // malformed: the call's deadline ends it
+      ForwardedCall* call = table->Take(id);
+      if (call == nullptr) continue;  // cancelled meanwhile
+      const char* details = body.data() + kAnswerHeader;
+      call->Answer(code, std::string(details, details_size), details + details_size,
+                   body.size() - kAnswerHeader - details_size);
+    } else if (kind == kHealth && !body.empty()) {
+      health->store(body[0] ? 1 : 0);
+      grpc::Server* running = server->load();
+      if (running != nullptr) SetHealth(running, body[0] != 0);
+    } else if (kind == kDrain) {
+      std::lock_guard<std::mutex> lock(ending->mutex);
+      ending->drain = true;
+      ending->changed.notify_all();
+    }
+  }
+  for (ForwardedCall* call : table->TakeAll()) call->FailUnavailable();
+  std::lock_guard<std::mutex> lock(ending->mutex);
+  ending->lost = true;
+  ending->changed.notify_all();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Arguments args;
+  if (!ParseArguments(argc, argv, &args)) {
+    std::fprintf(stderr, "usage: %s --link_fd=FD --index=I --port=P [--grpc_socket_path=PATH] "
+                 "--drain_grace_seconds=S --methods=/pkg.Service/Method,...\n", argv[0]);
+    return kExitBadArguments;
+  }
+  std::signal(SIGTERM, SIG_IGN);
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGPIPE, SIG_IGN);  // a write to a closed link fails with EPIPE instead
+
+  Link link(args.link_fd);
+  CallTable table;
+  Ending ending;
+  std::atomic<grpc::Server*> server_for_reader{nullptr};
+  std::atomic<int> health{0};  // what the main process last said, applied once the server is up
+  std::thread reader(ReadFrames, &link, &table, &server_for_reader, &health, &ending);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  ForwardingService service(args.methods, &link, &table);
+  grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, -1);
+  builder.AddChannelArgument(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, -1);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 1);
+  std::vector<std::string> addresses;
+  if (args.port) addresses.push_back("0.0.0.0:" + std::to_string(args.port));
+  if (!args.unix_socket.empty()) addresses.push_back("unix:" + args.unix_socket);
+  std::vector<int> bound(addresses.size(), 0);
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    builder.AddListeningPort(addresses[i], grpc::InsecureServerCredentials(), &bound[i]);
+  }
+  builder.RegisterCallbackGenericService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    if (server == nullptr || bound[i] == 0) {
+      Log("ERROR", "front end " + std::to_string(g_index) + ": cannot listen for gRPC on " + addresses[i]);
+      std::_Exit(kExitCannotListen);
+    }
+  }
+  SetHealth(server.get(), health.load() != 0);
+  server_for_reader.store(server.get());
+  SetHealth(server.get(), health.load() != 0);  // a HEALTH frame may have come in between
+  link.Send(kReady, "");
+  Log("INFO", "gRPC front end " + std::to_string(g_index) + " listening on port " + std::to_string(args.port) +
+                  (args.unix_socket.empty() ? "" : " and " + args.unix_socket));
+
+  std::unique_lock<std::mutex> lock(ending.mutex);
+  ending.changed.wait(lock, [&] { return ending.drain || ending.lost; });
+  bool drained = ending.drain;
+  lock.unlock();
+  server->GetHealthCheckService()->Shutdown();  // NOT_SERVING from now on, whatever comes later
+  if (drained) {
+    auto grace = std::chrono::duration_cast<std::chrono::system_clock::duration>(
+        std::chrono::duration<double>(args.drain_grace_seconds));
+    server->Shutdown(std::chrono::system_clock::now() + grace);
+    link.Close();
+    reader.join();
+    return 0;
+  }
+  Log("ERROR", "front end " + std::to_string(g_index) + ": the main process is gone; exiting");
+  server->Shutdown(std::chrono::system_clock::now());
+  reader.join();
+  return kExitLinkLost;
+}
