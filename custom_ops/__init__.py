@@ -31,6 +31,9 @@ ENCODER_WEIGHT_NAMES = (
 # BertRankerHead's weight inputs after first_tokens, in input order.
 RANKER_HEAD_WEIGHT_NAMES = ("pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias")
 
+# BertEncoder's gemm_operands attr: float, or bfloat16 (float models on CPU only).
+GEMM_OPERANDS = ("float", "bfloat16")
+
 
 def library_path() -> str:
     """The op library this process loads: $BERTSERVE_OPS_LIBRARY if set, else the one built next to this file."""
@@ -81,17 +84,19 @@ def bert_embedding(input_ids, segment_ids, input_mask, word_embeddings, position
 def bert_encoder(hidden, cu_seqlens, *, qkv_kernel, qkv_bias, attention_output_kernel, attention_output_bias,
                  attention_ln_gamma, attention_ln_beta, intermediate_kernel, intermediate_bias, output_kernel,
                  output_bias, output_ln_gamma, output_ln_beta, num_heads: int, layer_norm_epsilon: float = 1e-12,
-                 first_token_only: bool = False):
+                 first_token_only: bool = False, gemm_operands: str = "float"):
     """A stack of L BERT layers on packed tokens (weights stacked on a leading layer axis) -> [N, H]; with
     first_token_only, each row's first token [B, H] (zeros for a row without tokens), as bert_gather_first_token
-    of the full output would give, at the cost of the last layer's QKV GEMM alone for the other tokens."""
+    of the full output would give, at the cost of the last layer's QKV GEMM alone for the other tokens.
+    gemm_operands="bfloat16": the weight GEMMs take bf16-rounded operands (float models, CPU only)."""
     return load_op_library().bert_encoder(
         hidden=hidden, cu_seqlens=cu_seqlens, qkv_kernel=qkv_kernel, qkv_bias=qkv_bias,
         attention_output_kernel=attention_output_kernel, attention_output_bias=attention_output_bias,
         attention_ln_gamma=attention_ln_gamma, attention_ln_beta=attention_ln_beta,
         intermediate_kernel=intermediate_kernel, intermediate_bias=intermediate_bias, output_kernel=output_kernel,
         output_bias=output_bias, output_ln_gamma=output_ln_gamma, output_ln_beta=output_ln_beta,
-        num_heads=num_heads, layer_norm_epsilon=layer_norm_epsilon, first_token_only=first_token_only)
+        num_heads=num_heads, layer_norm_epsilon=layer_norm_epsilon, first_token_only=first_token_only,
+        gemm_operands=gemm_operands)
 
 
 def bert_remove_padding(input, input_mask):  # noqa: A002 (the op's input name)

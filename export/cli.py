@@ -1,4 +1,4 @@
-"""`bertserve export SRC OUT_BASE --model NAME --version N --variant fused|stock --precision fp32|fp16 ...`
+"""`bertserve export SRC OUT_BASE --model NAME --version N --variant fused|stock --precision fp32|fp16|bf16 ...`
 
 SRC is any format loaders.load_any detects (Google BERT checkpoint, Hugging Face directory, bertserve training
 directory). Writes <OUT_BASE>/<NAME>/<N>/ (see saved.py) and, with --onnx, <OUT_BASE>/<NAME>/onnx/<N>/model.onnx.
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", required=True, type=int, help="positive integer version folder")
     parser.add_argument("--variant", choices=VARIANTS, default="fused",
                         help="fused: bertserve custom ops (padding-free); stock: standard TF ops only")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="bf16 (fused only, served on CPU): fp32 weights, bf16 operands in the weight GEMMs")
     parser.add_argument("--onnx", action="store_true", help="also write the stock fp32 graph as ONNX")
     parser.add_argument("--validate", action="store_true",
                         help="compare the exported files with the float64 reference; fail beyond tolerance")

@@ -19,7 +19,9 @@ from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.weights import BertWeights
 from bertserve.model_dir import OUTPUT_NAME, SIGNATURE_NAME
 
-TOLERANCES = {"fp32": 1e-5, "fp16": 5e-3}
+# bf16 keeps 8 significant bits to fp16's 11: its scores moved up to 7.8e-3 from fp32 on MiniLM and 6.5e-3 on the
+# random chit-chat model (256 mixed-length rows each, bench/cpu_encoder.py), above fp16's bar; this is about twice that.
+TOLERANCES = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 2e-2}
 SAMPLE_ROWS = 12
 
 

@@ -112,6 +112,11 @@ struct ThreadPool {
   ParallelFor parallel_for;
 };
 
+// The operands of the CPU encoder's weight GEMMs (four per layer): float, or rounded to bfloat16 (to nearest even)
+// with the products summed in float, which halves the weight bytes the encoder reads per call. Attention's
+// products, LayerNorm, softmax, residuals and GELU stay in float either way.
+enum class GemmOperands { kFloat, kBfloat16 };
+
 // Bytes of scratch memory the encoder needs for a batch of num_tokens tokens; batch matters only when the
 // encoder is asked for first tokens (below), whose rows may outnumber the tokens (rows without tokens).
 template <typename T>
@@ -138,7 +143,8 @@ void Encoder(const EncoderDims& dims, const EncoderWeights<fp16>& w, const Packe
 class PackedEncoderWeights;
 std::shared_ptr<const PackedEncoderWeights> PackEncoderWeights(const EncoderDims& dims,
                                                                const EncoderWeights<float>& w,
-                                                               const ThreadPool& pool);
+                                                               const ThreadPool& pool,
+                                                               GemmOperands operands = GemmOperands::kFloat);
 
 // The float encoder, in place like the fp16 one: each layer's GEMM weights come from `packed` (packed from w's
 // kernels and these dims); the biases and LayerNorm parameters still come from w.

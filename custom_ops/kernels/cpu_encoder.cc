@@ -194,13 +194,14 @@ GemmEpilogue BiasRowsEpilogue(void (*row_fn)(const float*, int64_t, float*), con
 
 }  // namespace
 
-// The GEMM weights of one layer in the selected GEMM backend's packed layout.
+// The GEMM weights of one layer in the packed layout of `backend`.
 struct PackedLayer {
-  PackedLayer(const EncoderDims& d, const EncoderWeights<float>& w, const ThreadPool& pool)
-      : qkv(pool, d.hidden, 3 * d.hidden, w.qkv_kernel),
-        attention_output(pool, d.hidden, d.hidden, w.attention_output_kernel),
-        intermediate(pool, d.hidden, d.intermediate, w.intermediate_kernel),
-        output(pool, d.intermediate, d.hidden, w.output_kernel) {}
+  PackedLayer(const EncoderDims& d, const EncoderWeights<float>& w, const ThreadPool& pool,
+              const GemmBackend& backend)
+      : qkv(pool, d.hidden, 3 * d.hidden, w.qkv_kernel, backend),
+        attention_output(pool, d.hidden, d.hidden, w.attention_output_kernel, backend),
+        intermediate(pool, d.hidden, d.intermediate, w.intermediate_kernel, backend),
+        output(pool, d.intermediate, d.hidden, w.output_kernel, backend) {}
   PackedMatrix qkv, attention_output, intermediate, output;
 };
 
@@ -300,12 +301,13 @@ int64_t EncoderWorkspaceBytes<fp16>(const EncoderDims& dims, int64_t num_tokens,
 
 std::shared_ptr<const PackedEncoderWeights> PackEncoderWeights(const EncoderDims& dims,
                                                                const EncoderWeights<float>& w,
-                                                               const ThreadPool& pool) {
+                                                               const ThreadPool& pool, GemmOperands operands) {
   auto packed = std::make_shared<PackedEncoderWeights>();
   packed->layers.reserve(dims.num_layers);
   const LayerSizes sizes(dims);
+  const GemmBackend& backend = SelectedGemmBackend(operands);
   for (int64_t layer = 0; layer < dims.num_layers; ++layer) {
-    packed->layers.emplace_back(dims, LayerSlice(w, sizes, layer), pool);
+    packed->layers.emplace_back(dims, LayerSlice(w, sizes, layer), pool, backend);
   }
   return packed;
 }

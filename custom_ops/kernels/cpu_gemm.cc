@@ -32,6 +32,7 @@ constexpr int64_t kHugePageBytes = int64_t{2} << 20;
 // L2, and with column blocks alone every block would stream all of it again (3-5 % slower at 1,000+ rows).
 constexpr int64_t kMaxTileRows = 512;
 constexpr const char* kBackendVariable = "BERTSERVE_CPU_GEMM";
+constexpr const char* kBf16BackendVariable = "BERTSERVE_CPU_GEMM_BF16";
 
 // MKL's CBLAS takes int sizes.
 int BlasInt(int64_t value) {
@@ -75,6 +76,7 @@ struct SequentialMkl {
 const SequentialMkl kSequentialMkl;
 
 const GemmBackend* const kBackends[] = {&Avx512GemmBackend(), &MklGemmBackend()};
+const GemmBackend* const kBf16Backends[] = {&Avx512Bf16GemmBackend(), &PortableBf16GemmBackend()};
 
 // Columns per block for a B with n columns.
 int64_t BlockColumns(const ThreadPool& pool, const GemmBackend& backend, int64_t n) {
@@ -114,6 +116,13 @@ void ForEachTile(const ThreadPool& pool, int64_t m, int64_t n, int64_t block_col
   pool.parallel_for(tiles, static_cast<int64_t>(flops / tiles), run_tiles);
 }
 
+// A pool that runs every loop on the calling thread.
+ThreadPool SerialPool() {
+  ThreadPool serial;
+  serial.parallel_for = [](int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) { fn(0, n); };
+  return serial;
+}
+
 double ThreadSeconds() {
   timespec t;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -129,8 +138,7 @@ const GemmBackend& FastestBackend() {
   std::vector<float> a(kRowCounts[1] * kK), b(kK * kCols), c(kRowCounts[1] * kCols);
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7) * 0.25f - 0.75f;
   for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
-  ThreadPool serial;
-  serial.parallel_for = [](int64_t n, int64_t, const std::function<void(int64_t, int64_t)>& fn) { fn(0, n); };
+  const ThreadPool serial = SerialPool();
   const GemmBackend* best = nullptr;
   double best_seconds = 0.0;
   std::vector<const GemmBackend*> candidates;
@@ -172,26 +180,40 @@ std::vector<std::string> GemmBackendNames() {
 
 std::string GemmBackendName(const GemmBackend& backend) { return backend.name(); }
 
-const GemmBackend& SelectedGemmBackend() {
-  const char* requested = std::getenv(kBackendVariable);
-  if (requested == nullptr || *requested == '\0') {
-    static const GemmBackend& fastest = FastestBackend();
-    return fastest;
-  }
+namespace {
+
+// The backend among `backends` that the environment variable `variable` names, or null when it is unset or empty.
+// Throws std::invalid_argument when it names none of them, or one this CPU cannot run.
+template <size_t N>
+const GemmBackend* RequestedBackend(const char* variable, const GemmBackend* const (&backends)[N]) {
+  const char* requested = std::getenv(variable);
+  if (requested == nullptr || *requested == '\0') return nullptr;
   std::string known;
-  for (const GemmBackend* backend : kBackends) {
+  for (const GemmBackend* backend : backends) {
     if (backend->name() != std::string(requested)) {
       known += std::string(known.empty() ? "" : ", ") + backend->name();
       continue;
     }
     if (!backend->Supported()) {
-      throw std::invalid_argument(std::string(kBackendVariable) + "=" + requested +
+      throw std::invalid_argument(std::string(variable) + "=" + requested +
                                   ": this CPU lacks the instructions that GEMM backend needs");
     }
-    return *backend;
+    return backend;
   }
-  throw std::invalid_argument(std::string(kBackendVariable) + "=" + requested + " names no GEMM backend (known: " +
-                              known + ")");
+  throw std::invalid_argument(std::string(variable) + "=" + requested + " names no GEMM backend (known: " + known +
+                              ")");
+}
+
+}  // namespace
+
+const GemmBackend& SelectedGemmBackend(GemmOperands operands) {
+  if (operands == GemmOperands::kBfloat16) {
+    if (const GemmBackend* requested = RequestedBackend(kBf16BackendVariable, kBf16Backends)) return *requested;
+    return Avx512Bf16GemmBackend().Supported() ? Avx512Bf16GemmBackend() : PortableBf16GemmBackend();
+  }
+  if (const GemmBackend* requested = RequestedBackend(kBackendVariable, kBackends)) return *requested;
+  static const GemmBackend& fastest = FastestBackend();
+  return fastest;
 }
 
 void PackedMatrix::AlignedFree::operator()(float* p) const { std::free(p); }
@@ -238,12 +260,43 @@ void ParallelGemm(const ThreadPool& pool, int64_t m, const float* a, const Packe
 }  // namespace cpu
 }  // namespace bertserve
 
-// The name of the backend weights packed now would use (null when BERTSERVE_CPU_GEMM names none this CPU can run),
-// for tools and tests through ctypes: bench/cpu_encoder.py records it beside its timings.
-extern "C" __attribute__((visibility("default"))) const char* bertserve_cpu_gemm_backend() {
+namespace {
+
+// The name of the backend weights packed now for `operands` would use, or null when a variable names none this CPU
+// can run.
+const char* SelectedBackendName(bertserve::cpu::GemmOperands operands) {
   try {
-    return bertserve::cpu::SelectedGemmBackend().name();
+    return bertserve::cpu::SelectedGemmBackend(operands).name();
   } catch (const std::exception&) {
     return nullptr;
   }
+}
+
+}  // namespace
+
+// For tools and tests through ctypes: the backends weights packed now would use, for float and for bf16 operands
+// (bench/cpu_encoder.py records them beside its timings), and one product through the selected backend.
+extern "C" __attribute__((visibility("default"))) const char* bertserve_cpu_gemm_backend() {
+  return SelectedBackendName(bertserve::cpu::GemmOperands::kFloat);
+}
+
+extern "C" __attribute__((visibility("default"))) const char* bertserve_cpu_gemm_bf16_backend() {
+  return SelectedBackendName(bertserve::cpu::GemmOperands::kBfloat16);
+}
+
+// c[m, n] = a[m, k] * b[k, n] (row-major, contiguous) on the calling thread, with bf16 operands when `bfloat16`
+// is not 0; 0 on success, -1 when no backend could be selected or allocated.
+extern "C" __attribute__((visibility("default"))) int bertserve_cpu_gemm(int bfloat16, int64_t m, int64_t n,
+                                                                         int64_t k, const float* a,
+                                                                         const float* b, float* c) {
+  using namespace bertserve::cpu;
+  try {
+    const ThreadPool serial = SerialPool();
+    const PackedMatrix packed(serial, k, n, b,
+                              SelectedGemmBackend(bfloat16 != 0 ? GemmOperands::kBfloat16 : GemmOperands::kFloat));
+    ParallelGemm(serial, m, a, packed, c, {});
+  } catch (const std::exception&) {
+    return -1;
+  }
+  return 0;
 }

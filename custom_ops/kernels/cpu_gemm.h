@@ -3,11 +3,15 @@
 // caller's thread pool, so TensorFlow's intra-op pool is the only set of threads. An unpacked B would be re-packed
 // by every product, which costs as much as a sixth of the encoder's time at serving batch sizes.
 //
-// Backends (GemmBackendNames): "mkl", Intel MKL's packed SGEMM (sequential threading layer), and "avx512", the
-// library's own AVX-512 kernels over panels of B (cpu_gemm_avx512.cc), written for the 1-640-row products of
+// Float backends (GemmBackendNames): "mkl", Intel MKL's packed SGEMM (sequential threading layer), and "avx512",
+// the library's own AVX-512 kernels over panels of B (cpu_gemm_avx512.cc), written for the 1-640-row products of
 // serving, where MKL's dispatch on some CPUs (AMD's among them) leaves much of the FMA throughput unused. Which
 // one packs is chosen per process by timing both on this CPU the first time one is needed, unless the environment
 // variable BERTSERVE_CPU_GEMM names one (tests run every backend that way, whatever the machine would pick).
+//
+// bfloat16 backends (cpu_gemm_bf16.cc), for a model that asks for bf16 GEMM operands (GemmOperands): B packed as
+// bf16, A rounded to bf16 per product, sums in float; "avx512_bf16" on CPUs with AVX512_BF16, "bf16_portable"
+// (the same sums) elsewhere. Never chosen by timing, since they round differently from the float ones.
 #ifndef BERTSERVE_KERNELS_CPU_GEMM_H_
 #define BERTSERVE_KERNELS_CPU_GEMM_H_
 
@@ -40,10 +44,12 @@ class GemmBackend;
 // The backends this build has, usable on this CPU or not.
 std::vector<std::string> GemmBackendNames();
 
-// The backend PackedMatrix packs for: BERTSERVE_CPU_GEMM when set (read at every call, so a process may compare
-// backends), else the fastest on this CPU, measured once per process. Throws std::invalid_argument naming the
-// problem when the variable names no backend, or one this CPU cannot run.
-const GemmBackend& SelectedGemmBackend();
+// The backend PackedMatrix packs for. Float operands: BERTSERVE_CPU_GEMM when set (read at every call, so a
+// process may compare backends), else the fastest on this CPU, measured once per process. bfloat16 operands:
+// BERTSERVE_CPU_GEMM_BF16 when set (avx512_bf16 or bf16_portable, so tests run both on a CPU with the
+// instruction), else avx512_bf16 where this CPU has AVX512_BF16, else bf16_portable. Throws
+// std::invalid_argument naming the problem when a variable names no backend, or one this CPU cannot run.
+const GemmBackend& SelectedGemmBackend(GemmOperands operands = GemmOperands::kFloat);
 
 // The name of a backend, as BERTSERVE_CPU_GEMM takes it.
 std::string GemmBackendName(const GemmBackend& backend);

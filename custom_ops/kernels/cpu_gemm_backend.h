@@ -27,6 +27,9 @@ class GemmBackend {
 
 const GemmBackend& MklGemmBackend();
 const GemmBackend& Avx512GemmBackend();
+// bfloat16 operands (cpu_gemm_bf16.cc): one packed layout, one rounding, two ways to multiply.
+const GemmBackend& Avx512Bf16GemmBackend();
+const GemmBackend& PortableBf16GemmBackend();
 
 }  // namespace cpu
 }  // namespace bertserve

@@ -124,6 +124,19 @@ absl::Status RunCore(const char* op, const std::function<void()>& call) {
   return absl::OkStatus();
 }
 
+// BertEncoder's gemm_operands attr. bfloat16 is for float models: it rounds float operands, and a half model
+// (which the export never writes with it) would only lose more precision.
+absl::Status ReadGemmOperands(OpKernelConstruction* ctx, cpu::GemmOperands* operands) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("gemm_operands", &name));
+  *operands = name == "bfloat16" ? cpu::GemmOperands::kBfloat16 : cpu::GemmOperands::kFloat;
+  if (*operands == cpu::GemmOperands::kBfloat16 && ctx->input_type(0) != tensorflow::DT_FLOAT) {
+    return InvalidArgument(ctx->def().op(), ": gemm_operands='bfloat16' needs T=float, got ",
+                           tensorflow::DataTypeString(ctx->input_type(0)));
+  }
+  return absl::OkStatus();
+}
+
 // BertEncoder's output, and the [N, H] tensor the encoder runs in place on (the caller copies `hidden` into it
 // unless they share a buffer): the output itself, or with first_token_only a scratch tensor (hidden's buffer when TF
 // can forward it) beside an output of the rows' first tokens [batch, H].
@@ -182,10 +195,11 @@ class PackedWeightCache {
  public:
   // The packed form of the GEMM weights among ctx's inputs (w points into them), packing them if they are new.
   std::shared_ptr<const cpu::PackedEncoderWeights> Get(OpKernelContext* ctx, const EncoderDims& dims,
-                                                       const EncoderWeights<float>& w, const cpu::ThreadPool& pool) {
+                                                       const EncoderWeights<float>& w, const cpu::ThreadPool& pool,
+                                                       cpu::GemmOperands operands) {
     std::lock_guard<std::mutex> lock(mu_);
     if (packed_ == nullptr || !HoldsInputs(ctx)) {
-      packed_ = cpu::PackEncoderWeights(dims, w, pool);
+      packed_ = cpu::PackEncoderWeights(dims, w, pool, operands);
       for (size_t i = 0; i < kGemmWeightInputs.size(); ++i) held_[i] = ctx->input(kGemmWeightInputs[i]);
     }
     return packed_;
@@ -216,6 +230,7 @@ class BertEncoderOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_heads", &num_heads_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("first_token_only", &first_token_only_));
+    OP_REQUIRES_OK(ctx, ReadGemmOperands(ctx, &gemm_operands_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -242,7 +257,7 @@ class BertEncoderOp : public OpKernel {
   }
 
  private:
-  // half: the core widens the weights per layer and call.
+  // half: the core widens the weights per layer and call (float GEMM operands: ReadGemmOperands refuses others).
   void RunEncoder(OpKernelContext*, const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch,
                   fp16* hidden, float* workspace, const cpu::ThreadPool& pool, fp16* first_tokens) {
     cpu::Encoder(dims, w, batch, hidden, workspace, pool, first_tokens);
@@ -252,13 +267,15 @@ class BertEncoderOp : public OpKernel {
   void RunEncoder(OpKernelContext* ctx, const EncoderDims& dims, const EncoderWeights<float>& w,
                   const PackedBatch& batch, float* hidden, float* workspace, const cpu::ThreadPool& pool,
                   float* first_tokens) {
-    const std::shared_ptr<const cpu::PackedEncoderWeights> packed = packed_weights_.Get(ctx, dims, w, pool);
+    const std::shared_ptr<const cpu::PackedEncoderWeights> packed =
+        packed_weights_.Get(ctx, dims, w, pool, gemm_operands_);
     cpu::Encoder(dims, w, *packed, batch, hidden, workspace, pool, first_tokens);
   }
 
   int64_t num_heads_;
   float epsilon_;
   bool first_token_only_;
+  cpu::GemmOperands gemm_operands_;
   PackedWeightCache packed_weights_;
 };
 

@@ -139,6 +139,20 @@ class LazyGemmContext {
   cuda::GemmContext* gemm_ = nullptr;
 };
 
+// BertEncoder's gemm_operands='bfloat16' (bf16 GEMM operands, implemented on CPU only) fails the op's
+// construction. Refused here,
+// not at export: one SavedModel serves on CPU or GPU and the export cannot know which, and running the GPU's own
+// GEMMs instead would serve other numbers than the model asks for (and was validated with). The first call fails,
+// which TF Serving's warm-up at load time makes the model's load failing, with this message.
+absl::Status RefuseBf16Operands(OpKernelConstruction* ctx) {
+  std::string operands;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("gemm_operands", &operands));
+  if (operands == "float") return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(ctx->def().op(), ": gemm_operands='", operands,
+                                               "' (bf16 GEMM operands) runs on CPU only; place the model on the "
+                                               "CPU, or export it with --precision fp32 or fp16 for the GPU"));
+}
+
 // The encoder runs on an arena of its token bucket (cuda::TokenBucket) that the kernel keeps, as a CUDA graph per
 // (batch, bucket) replayed on TensorFlow's stream (cuda::BucketedEncoder): launched one by one, a forward of a few
 // rows costs the host more than the GPU.
@@ -149,6 +163,7 @@ class BertEncoderGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_heads", &num_heads_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("first_token_only", &first_token_only_));
+    OP_REQUIRES_OK(ctx, RefuseBf16Operands(ctx));
   }
 
   void Compute(OpKernelContext* ctx) override {

@@ -213,12 +213,15 @@ REGISTER_OP("BertEncoder")
     .Attr("num_heads: int >= 1")
     .Attr("layer_norm_epsilon: float = 1e-12")
     .Attr("first_token_only: bool = false")
+    .Attr("gemm_operands: {'float', 'bfloat16'} = 'float'")
     .SetShapeFn(EncoderShape)
     .Doc(R"doc(A stack of L post-LayerNorm BERT layers on packed tokens; weights stacked on a leading layer axis.
 
 output: every token [N, H]; with first_token_only, each row's first token [B, H] (B = size of cu_seqlens - 1),
   zeros for a row without tokens: BertGatherFirstToken of the full output, computed without the last layer's
   work past its QKV GEMM on the other tokens.
+gemm_operands: bfloat16 (T float, CPU only): the four weight GEMMs of each layer take their operands rounded to
+  bfloat16 and sum in float; everything else stays in float.
 )doc");
 
 REGISTER_OP("BertRemovePadding")
