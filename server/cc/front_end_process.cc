@@ -80,24 +80,37 @@ T Get(const char* data) {
 
 class ForwardedCall;
 
-// The link to the main process: frames out from gRPC's threads, frames in on a reader thread of its own.
+// The link to the main process: frames out from gRPC's threads through a writer thread, frames in on a reader
+// thread. Frames queued while the writer is busy leave together in its next write: under load the main process
+// wakes once for many calls (each wake-up costs its event loop a read and a loop pass).
 class Link {
  public:
-  explicit Link(int fd) : fd_(fd) {}
+  explicit Link(int fd) : fd_(fd), writer_(&Link::WriteFrames, this) {}
 
-  // Sends one frame (kind + body parts); false once the link is broken.
+  ~Link() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closing_ = true;
+    }
+    queued_.notify_one();
+    writer_.join();
+  }
+
+  // Queues one frame (kind + body parts); false once the link is broken.
   bool Send(Kind kind, const std::string& head, const std::vector<grpc::Slice>& payload = {}) {
     size_t length = 1 + head.size();
     for (const grpc::Slice& slice : payload) length += slice.size();
     if (length > std::numeric_limits<uint32_t>::max()) return false;
-    std::string frame;
-    frame.reserve(kLengthSize + length);
-    Put<uint32_t>(&frame, static_cast<uint32_t>(length));
-    frame.push_back(static_cast<char>(kind));
-    frame.append(head);
-    for (const grpc::Slice& slice : payload) frame.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    std::lock_guard<std::mutex> lock(write_mutex_);
-    return WriteAll(frame.data(), frame.size());
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_) return false;
+    Put<uint32_t>(&pending_, static_cast<uint32_t>(length));
+    pending_.push_back(static_cast<char>(kind));
+    pending_.append(head);
+    for (const grpc::Slice& slice : payload) {
+      pending_.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    queued_.notify_one();
+    return true;
   }
 
   // Blocks for the next frame: kind and body; false when the other end is gone.
@@ -114,9 +127,36 @@ class Link {
     return true;
   }
 
-  void Close() { ::shutdown(fd_, SHUT_RDWR); }
+  // Stops both directions once what is queued has been written (the reader then sees the end).
+  void Close() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    written_.wait(lock, [&] { return (pending_.empty() && !writing_) || broken_; });
+    lock.unlock();
+    ::shutdown(fd_, SHUT_RDWR);
+  }
 
  private:
+  void WriteFrames() {
+    std::string sending;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      queued_.wait(lock, [&] { return !pending_.empty() || closing_; });
+      if (pending_.empty()) return;
+      sending.swap(pending_);
+      writing_ = true;
+      lock.unlock();
+      bool ok = WriteAll(sending.data(), sending.size());
+      sending.clear();
+      lock.lock();
+      writing_ = false;
+      if (!ok) {
+        broken_ = true;
+        pending_.clear();
+      }
+      written_.notify_all();
+    }
+  }
+
   bool WriteAll(const char* data, size_t size) {
     while (size > 0) {
       ssize_t written = ::write(fd_, data, size);
@@ -140,7 +180,11 @@ class Link {
   }
 
   int fd_;
-  std::mutex write_mutex_;
+  std::mutex mutex_;
+  std::condition_variable queued_, written_;
+  std::string pending_;  // frames queued for the next write
+  bool writing_ = false, broken_ = false, closing_ = false;
+  std::thread writer_;  // last: started once the members it uses exist
 };
 
 // Calls waiting for the main process's answer, by call id. Whoever takes a call out of the table (its answer, its
