@@ -12,6 +12,14 @@ The scheme:
   kernels convert with satfinite; ml_dtypes alone would turn them into NaN).
 - everything else stays as in the fp32 model: embeddings, LayerNorm, attention's two batched GEMMs and softmax,
   bias adds, GELU, residuals, the pooler and the head.
+- variants, for measuring what each part costs: FP8 on some GEMMs only (a [layers, 4] mask, `gemm_mask`), the
+  others reading fp32 or fp16 operands; SmoothQuant-style smoothing, per input channel j of an FP8 GEMM a factor
+  s_j (`smoothing_factors`) that the GEMM's input is divided by and its kernel's row j multiplied by, before
+  both are rounded. In the kernels s costs nothing at run time: it joins the per-channel multiply of the epilogue
+  that writes the FP8 copy of the input (the LayerNorm that feeds QKV and FFN in, whose gamma and beta of the FP8
+  copy absorb it: the fp16/fp32 copy that feeds the residual keeps the unsmoothed ones; the attention kernel's
+  context store, or the value kernel's columns and bias; the FFN-in GEMM's GELU epilogue) and the kernel rows at
+  export.
 
 Two forwards apply the rounding where the kernels will: `reference_scores` runs the float64 reference model
 (export/reference.py) through its GEMM hook, the exact definition; `packed_scores` runs the same model in float32
@@ -33,7 +41,7 @@ import tensorflow as tf
 
 from bertserve.export import reference
 from bertserve.export.reference import GEMM_SITES, GemmHook
-from bertserve.export.weights import BertWeights
+from bertserve.export.weights import BertConfig, BertWeights
 
 E4M3 = ml_dtypes.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -45,6 +53,7 @@ GEMM_KERNELS = tuple(name for names in SITE_KERNELS.values() for name in names)
 DYNAMIC = "dynamic"  # per-token activation scales computed at run time
 Inputs = tuple[np.ndarray, np.ndarray, np.ndarray]  # input_ids, input_mask, segment_ids [batch, seq]
 Forward = Callable[..., np.ndarray]  # (weights, input_ids, input_mask, segment_ids, hook) -> scores
+Smoothing = dict[str, np.ndarray]  # GEMM site -> per-input-channel array, [layers, in] (or [batches, layers, in])
 
 
 def to_e4m3(x: np.ndarray) -> np.ndarray:
@@ -77,10 +86,12 @@ def fake_quantize(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class Fp8Weights:
     """The four GEMM kernels of every layer as E4M3 codes [layers, in, out] and float32 column scales
-    [layers, out]; the other arrays of the model stay in its BertWeights."""
+    [layers, out]; the other arrays of the model stay in its BertWeights. With smoothing, the codes are those of
+    the kernels with each input row j multiplied by s_j (see smoothing_factors)."""
 
     codes: dict[str, np.ndarray]
     scales: dict[str, np.ndarray]
+    smoothing: Smoothing | None = None
 
     def uint8_codes(self, name: str) -> np.ndarray:
         """The codes' bytes: the form a TF SavedModel stores (beside the float32 scales)."""
@@ -93,29 +104,70 @@ class Fp8Weights:
         return self.codes[name][layer].astype(dtype) * self.scales[name][layer].astype(dtype)
 
 
-def quantize_weights(w: BertWeights) -> Fp8Weights:
-    """Per-output-channel E4M3 quantization of the four GEMM kernels of every layer."""
+def quantize_weights(w: BertWeights, smoothing: Smoothing | None = None) -> Fp8Weights:
+    """Per-output-channel E4M3 quantization of the four GEMM kernels of every layer (smoothed first, if given)."""
     codes, scales = {}, {}
-    for name in GEMM_KERNELS:
-        kernel = w[name].astype(np.float64)
-        scales[name] = scale_for(np.abs(kernel).max(axis=1))
-        codes[name] = quantize(kernel, scales[name][:, None, :])
-    return Fp8Weights(codes, scales)
+    for site, names in SITE_KERNELS.items():
+        for name in names:
+            kernel = w[name].astype(np.float64)
+            if smoothing is not None:
+                kernel = kernel * smoothing[site][:, :, None]
+            scales[name] = scale_for(np.abs(kernel).max(axis=1))
+            codes[name] = quantize(kernel, scales[name][:, None, :])
+    return Fp8Weights(codes, scales, smoothing)
+
+
+def gemm_mask(layers: int, sites: Iterable[str] = GEMM_SITES, excluded_layers: Iterable[int] = ()) -> np.ndarray:
+    """[layers, 4] bool (GEMM_SITES order): the GEMMs of the given kinds in every layer but the excluded ones
+    (negative indices count from the last layer)."""
+    mask = np.zeros((layers, len(GEMM_SITES)), dtype=bool)
+    mask[:, [GEMM_SITES.index(site) for site in sites]] = True
+    mask[list(excluded_layers)] = False
+    return mask
 
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Scheme:
-    """Which GEMM operands are rounded: weights (None: fp32 kernels) and activations ([layers, 4] static scales
-    in GEMM_SITES order, DYNAMIC, or None: unrounded). Fp8Scheme(None, None) is the fp32 model."""
+    """Which GEMMs are FP8 and how their operands are rounded.
+
+    weights: E4M3 kernels (None: the FP8 GEMMs' kernels unrounded); activations: [layers, 4] static scales in
+    GEMM_SITES order, DYNAMIC, or None (unrounded); fp8: which GEMMs follow the two, [layers, 4] or [4] (every
+    layer) bool, None: all; rest: the operands of the other GEMMs, "fp32" (unrounded) or "fp16" (rounded to fp16,
+    what the fp16 kernels' GEMMs read); smoothing: per-input-channel factors s of the FP8 GEMMs (the GEMM reads
+    x / s and the kernel's rows times s; must be the weights' own). Fp8Scheme(None, None) is the fp32 model."""
 
     weights: Fp8Weights | None
     activations: np.ndarray | str | None
+    fp8: np.ndarray | None = None
+    rest: str = "fp32"
+    smoothing: Smoothing | None = None
+
+    def __post_init__(self) -> None:
+        if self.rest not in ("fp32", "fp16"):
+            raise ValueError(f"rest: expected 'fp32' or 'fp16', got {self.rest!r}")
+        if isinstance(self.activations, str) and self.activations != DYNAMIC:
+            raise ValueError(f"activation scales: expected an array or {DYNAMIC!r}, got {self.activations!r}")
+        if self.weights is not None and self.weights.smoothing is not self.smoothing:
+            raise ValueError("the scheme's smoothing must be the one its weights were quantized with")
+
+    def is_fp8(self, layer: int, site: str) -> bool:
+        """Whether GEMM `site` of `layer` reads FP8 operands (else `rest`)."""
+        if self.fp8 is None:
+            return True
+        row = self.fp8[layer] if self.fp8.ndim == 2 else self.fp8
+        return bool(row[GEMM_SITES.index(site)])
 
     def hook(self, dtype: type = np.float64) -> GemmHook:
         return _SchemeHook(self, dtype)
 
 
 FP32 = Fp8Scheme(None, None)
+FP16 = Fp8Scheme(None, None, fp8=np.zeros(len(GEMM_SITES), dtype=bool), rest="fp16")
+
+
+def _fp16(x: np.ndarray) -> np.ndarray:
+    """x rounded to float16, in x's dtype: what an fp16 GEMM reads."""
+    return x.astype(np.float16).astype(x.dtype)
 
 
 class _SchemeHook:
@@ -125,37 +177,31 @@ class _SchemeHook:
         self.scheme, self.dtype = scheme, dtype
 
     def weights(self, layer: int, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        q = self.scheme.weights
-        if q is None:
-            return g
-        return {**g, **{name: q.dequantized(name, self.dtype, layer) for name in GEMM_KERNELS}}
+        scheme, out = self.scheme, dict(g)
+        for site, names in SITE_KERNELS.items():
+            for name in names:
+                if not scheme.is_fp8(layer, site):
+                    out[name] = _fp16(g[name]) if scheme.rest == "fp16" else g[name]
+                elif scheme.weights is not None:
+                    out[name] = scheme.weights.dequantized(name, self.dtype, layer)
+                elif scheme.smoothing is not None:
+                    out[name] = g[name] * scheme.smoothing[site][layer][:, None].astype(g[name].dtype)
+        return out
 
     def inputs(self, layer: int, site: str, x: np.ndarray) -> np.ndarray:
-        activations = self.scheme.activations
-        if activations is None:
+        scheme = self.scheme
+        if not scheme.is_fp8(layer, site):
+            return _fp16(x) if scheme.rest == "fp16" else x
+        if scheme.smoothing is not None:
+            x = x / scheme.smoothing[site][layer].astype(x.dtype)
+        if scheme.activations is None:
             return x
-        if isinstance(activations, str):
-            if activations != DYNAMIC:
-                raise ValueError(f"activation scales: expected an array or {DYNAMIC!r}, got {activations!r}")
+        if isinstance(scheme.activations, str):
             return fake_quantize(x, scale_for(np.abs(x).max(axis=-1, keepdims=True)))
-        return fake_quantize(x, activations[layer, GEMM_SITES.index(site)])
+        return fake_quantize(x, scheme.activations[layer, GEMM_SITES.index(site)])
 
 
-class Fp16Operands:
-    """The four GEMMs' operands rounded to float16 (the rest unrounded): the precision of the fp16 kernels' GEMMs,
-    through the same hook, so that the fp8 scheme's errors can be read beside those of what it replaces."""
-
-    def hook(self, dtype: type = np.float64) -> GemmHook:
-        return self
-
-    def weights(self, layer: int, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {**g, **{name: g[name].astype(np.float16).astype(g[name].dtype) for name in GEMM_KERNELS}}
-
-    def inputs(self, layer: int, site: str, x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float16).astype(x.dtype)
-
-
-def reference_scores(w: BertWeights, scheme: Fp8Scheme | Fp16Operands, input_ids: np.ndarray,
+def reference_scores(w: BertWeights, scheme: Fp8Scheme, input_ids: np.ndarray,
                      input_mask: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
     """float64 scores of the reference model with the scheme's rounding: the exact simulation."""
     return reference.scores(w, input_ids, input_mask, segment_ids, scheme.hook(np.float64))
@@ -219,38 +265,49 @@ def packed_scores(w: BertWeights, input_ids: np.ndarray, input_mask: np.ndarray,
 
 
 class _AmaxRecorder:
-    """A hook that changes nothing and records each GEMM input's amax, per (layer, site)."""
+    """A hook that changes nothing and records the amax of each GEMM input's channels (columns), per (layer,
+    site)."""
 
-    def __init__(self, layers: int) -> None:
-        self.amax = np.zeros((layers, len(GEMM_SITES)))
+    def __init__(self, config: BertConfig) -> None:
+        width = {"ffn_out": config.intermediate_size}
+        self.amax = {site: np.zeros((config.num_hidden_layers, width.get(site, config.hidden_size)))
+                     for site in GEMM_SITES}
 
     def weights(self, layer: int, g: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return g
 
     def inputs(self, layer: int, site: str, x: np.ndarray) -> np.ndarray:
-        i = GEMM_SITES.index(site)
-        self.amax[layer, i] = max(self.amax[layer, i], float(np.abs(x).max()))
+        np.maximum(self.amax[site][layer], np.abs(x).max(axis=0), out=self.amax[site][layer])
         return x
 
 
-def calibration_amax(w: BertWeights, batches: Iterable[Inputs], forward: Forward = packed_scores) -> np.ndarray:
-    """Amax of every GEMM input per calibration batch: [batches, layers, 4], on the unrounded model.
+def channel_amax(w: BertWeights, batches: Iterable[Inputs], forward: Forward = packed_scores) -> Smoothing:
+    """Amax of every GEMM input channel per calibration batch, site -> [batches, layers, in], on the unrounded
+    model.
 
     The default forward is the packed one, which sees what the kernels quantize: in the last layer, past QKV,
     the first tokens only."""
-    out = []
+    out: dict[str, list[np.ndarray]] = {site: [] for site in GEMM_SITES}
     for input_ids, input_mask, segment_ids in batches:
-        recorder = _AmaxRecorder(w.config.num_hidden_layers)
+        recorder = _AmaxRecorder(w.config)
         forward(w, input_ids, input_mask, segment_ids, recorder)
-        out.append(recorder.amax)
-    if not out:
+        for site in GEMM_SITES:
+            out[site].append(recorder.amax[site])
+    if not out["qkv"]:
         raise ValueError("calibration needs at least one batch of pairs")
-    return np.stack(out)
+    return {site: np.stack(a) for site, a in out.items()}
+
+
+def tensor_amax(channels: Smoothing, smoothing: Smoothing | None = None) -> np.ndarray:
+    """Per-tensor amax [batches, layers, 4] (GEMM_SITES order) of what the FP8 GEMMs read: the inputs of
+    channel_amax, divided by the smoothing factors if any."""
+    return np.stack([(channels[site] if smoothing is None else channels[site] / smoothing[site]).max(axis=-1)
+                     for site in GEMM_SITES], axis=-1)
 
 
 def static_scales(amax: np.ndarray, percentile: float | None = None) -> np.ndarray:
-    """Per-tensor activation scales [layers, 4] from calibration_amax: the amax over all batches / 448, or the
-    given percentile of the batch amaxes (drops rare outlier batches at the price of saturating them)."""
+    """Per-tensor activation scales [layers, 4] from tensor_amax: the amax over all batches / 448, or the given
+    percentile of the batch amaxes (drops rare outlier batches at the price of saturating them)."""
     top = amax.max(axis=0) if percentile is None else np.percentile(amax, percentile, axis=0)
     return scale_for(top)
 
@@ -258,4 +315,29 @@ def static_scales(amax: np.ndarray, percentile: float | None = None) -> np.ndarr
 def calibrate(w: BertWeights, batches: Iterable[Inputs], percentile: float | None = None,
               forward: Forward = packed_scores) -> np.ndarray:
     """Static activation scales [layers, 4] (GEMM_SITES order) calibrated on batches of pairs."""
-    return static_scales(calibration_amax(w, batches, forward), percentile)
+    return static_scales(tensor_amax(channel_amax(w, batches, forward)), percentile)
+
+
+def smoothing_factors(w: BertWeights, channels: Smoothing, alpha: float) -> Smoothing:
+    """SmoothQuant's migration of activation range into the weights: s_j = amax(X_j)^alpha / amax(W_j)^(1-alpha)
+    per input channel j of each GEMM (W_j: row j of the layer's kernels of that GEMM; amax(X_j) over every
+    calibration batch of channel_amax), float32 [layers, in] per site; 1 where either amax is 0."""
+    out = {}
+    for site, names in SITE_KERNELS.items():
+        x = channels[site].max(axis=0)
+        weight = np.max([np.abs(w[name].astype(np.float64)).max(axis=2) for name in names], axis=0)
+        ok = (x > 0) & (weight > 0)
+        out[site] = np.where(ok, np.where(ok, x, 1.0) ** alpha / np.where(ok, weight, 1.0) ** (1 - alpha),
+                             1.0).astype(np.float32)
+    return out
+
+
+def fp8_flop_share(fp8: np.ndarray, config: BertConfig, mean_tokens: float) -> float:
+    """Share of the four encoder GEMMs' FLOPs that the mask fp8 ([layers, 4] or [4]) runs in FP8, at a mean
+    sequence length, with the last layer past QKV on first tokens only, as the fused ops run it: what bounds an
+    FP8 export's speed-up over fp16 (attention's batched GEMMs, about 1 % at 21 tokens, are left out)."""
+    h, inner = config.hidden_size, config.intermediate_size
+    tokens = np.full((config.num_hidden_layers, len(GEMM_SITES)), float(mean_tokens))
+    tokens[-1, 1:] = 1.0
+    flops = tokens * np.array([3 * h * h, h * h, h * inner, inner * h], dtype=np.float64)
+    return float((flops * np.broadcast_to(fp8, flops.shape)).sum() / flops.sum())
