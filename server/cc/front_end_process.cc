@@ -193,6 +193,7 @@ class CallTable {
  public:
   uint32_t Add(ForwardedCall* call) {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (next_id_ == 0) next_id_ = 1;  // 0 means "not sent yet" to a call (ForwardedCall::OnCancel)
     uint32_t id = next_id_++;
     calls_[id] = call;
     return id;
@@ -218,7 +219,7 @@ class CallTable {
  private:
   std::mutex mutex_;
   std::unordered_map<uint32_t, ForwardedCall*> calls_;
-  uint32_t next_id_ = 1;  // wraps like the Python front end's `& 0xFFFFFFFF`
+  uint32_t next_id_ = 1;  // wraps around, skipping 0
 };
 
 // One unary call: its request read, sent to the main process, answered with what comes back.
