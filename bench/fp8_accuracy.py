@@ -45,13 +45,14 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from bertserve.export.reference import GEMM_SITES
+
 SEED = 0
 REPLIES = 32
 CHUNK = 16  # chit-chat queries per cached chunk
 CALIBRATION_BATCH = 32
 DEMO_TRAIN_STEPS = 120  # examples/demo.py's TRAIN_STEPS
 BARS = {"accuracy_at_1_and_mrr_within": 0.005, "top1_identical_at_least": 0.99, "mean_spearman_at_least": 0.995}
-ALL = ("qkv", "attention_output", "ffn_in", "ffn_out")  # export/reference.GEMM_SITES, without importing TF here
 Inputs = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -61,7 +62,7 @@ class Spec:
     `excluded_layers`, the other GEMMs' operands in `rest`; `alpha`: SmoothQuant migration strength (None: none);
     full: scored on all --queries chit-chat queries (else on --screen_queries)."""
 
-    sites: tuple[str, ...] = ALL
+    sites: tuple[str, ...] = GEMM_SITES
     activations: str = "static"  # or "dynamic"
     excluded_layers: tuple[int, ...] = ()
     rest: str = "fp32"
@@ -221,9 +222,14 @@ def minilm_part(checkpoint: str, cache: str) -> dict:
             out[name]["accuracy_at_1_delta"] = m.accuracy_at_1 - out["fp32"]["accuracy_at_1"]
             out[name]["mrr_delta"] = m.mrr - out["fp32"]["mrr"]
         out["chance"] = {"accuracy_at_1": m.chance_accuracy_at_1, "mrr": m.chance_mrr}
-    with np.load(os.path.join(cache, "minilm_channel_amax.npz")) as f:
-        out["static_amax"] = np.round(np.stack([f[s].max(axis=(0, 2)) for s in ALL], axis=-1), 4).tolist()
+    out["static_amax"] = static_amax(os.path.join(cache, "minilm_channel_amax.npz"))
     return out
+
+
+def static_amax(path: str) -> list:
+    """The per-tensor amax [layers, 4] (GEMM_SITES order) over the calibration batches, from a channel_amax file."""
+    with np.load(path) as f:
+        return np.round(np.stack([f[s].max(axis=(0, 2)) for s in GEMM_SITES], axis=-1), 4).tolist()
 
 
 def wanted_chunks(name: str, queries: int, screen_queries: int) -> int:
@@ -305,8 +311,7 @@ def chitchat_part(cache: str, queries: int, screen_queries: int) -> dict:
     out["fp32_queries"] = len(fp32_scores)
     out["fp32_top1_top2_gap_median"] = float(np.median(top2[:, 1] - top2[:, 0]))
     out["fp32_score_std_within_query_mean"] = float(fp32_scores.std(axis=1).mean())
-    with np.load(os.path.join(cache, "chitchat_channel_amax.npz")) as f:
-        out["static_amax"] = np.round(np.stack([f[s].max(axis=(0, 2)) for s in ALL], axis=-1), 4).tolist()
+    out["static_amax"] = static_amax(os.path.join(cache, "chitchat_channel_amax.npz"))
     return out
 
 

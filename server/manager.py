@@ -19,7 +19,7 @@ import gc
 import logging
 import threading
 import time
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.config import model_server_config_pb2
@@ -145,9 +145,8 @@ class ModelManager:
                     else:
                         self._models[name] = ModelEntry(config=entry)
             self.metrics.set_model_names(frozenset(wanted))
-            for entry in removed:
-                for record in list(entry.versions.values()):
-                    self._unload(entry.config.name, record)
+            self._unload_and_settle([(entry.config.name, record) for entry in removed
+                                     for record in list(entry.versions.values())])
 
     def poll(self) -> None:
         """One pass over every base path: load newly aspired versions, then unload the ones no longer aspired."""
@@ -234,9 +233,8 @@ class ModelManager:
         # Availability preserving: old versions go only once a wanted one serves (a failed new version leaves
         # the old one serving).
         if any(entry.versions[v].state == State.AVAILABLE for v in wanted if v in entry.versions):
-            for version, record in list(entry.versions.items()):
-                if version not in wanted and record.state == State.AVAILABLE:
-                    self._unload(name, record)
+            self._unload_and_settle([(name, record) for version, record in list(entry.versions.items())
+                                     if version not in wanted and record.state == State.AVAILABLE])
 
     # ---- load / unload -------------------------------------------------------------------------------------
 
@@ -278,28 +276,31 @@ class ModelManager:
                                                self.metrics)
                 for key, signature in servable.signatures.items()}
 
-    def _unload(self, name: str, record: VersionRecord) -> None:
+    def _unload_and_settle(self, versions: list[tuple[str, VersionRecord]]) -> None:
+        """Unloads these (model name, version) records while serving, then collects what they left in reference
+        cycles, once (see settle_heap; the server's shutdown unloads without it)."""
+        if any([self._unload(name, record) for name, record in versions]):
+            gc.unfreeze()  # the unloaded versions' objects become collectable again, cycles included
+            settle_heap()
+
+    def _unload(self, name: str, record: VersionRecord) -> bool:
+        """True when the version was AVAILABLE and is now unloaded."""
         with self._lock:
             if record.state != State.AVAILABLE:
-                return
+                return False
             record.state = State.UNLOADING
         record.servable.wait_idle()
-        self._remove_queues(record.queues.values())
+        for queue in record.queues.values():
+            queue.close()
+            self._scheduler.remove_queue(queue)
         record.servable.release_model()
         with self._lock:
             record.state, record.servable, record.queues = State.END, None, {}
             entry = self._models.get(name)
-        gc.unfreeze()  # the version's objects become collectable again, cycles included
-        settle_heap()
         if entry is not None:
             self._update_version_gauge(entry)
         log.info("Unloaded servable version {name: %s version: %d}", name, record.version)
-
-    def _remove_queues(self, queues: Iterable[BatchingQueue]) -> None:
-        """A method of its own so that no local of _unload holds a queue (and its graph) while the heap settles."""
-        for queue in queues:
-            queue.close()
-            self._scheduler.remove_queue(queue)
+        return True
 
     def _update_version_gauge(self, entry: ModelEntry) -> None:
         with self._lock:
