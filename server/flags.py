@@ -45,6 +45,7 @@ class ServerOptions:
     enable_serialization_as_tensor_content: bool = False
     per_process_gpu_memory_fraction: float = 0.0
     grpc_front_end_processes: int = 1  # bertserve's own flag (serving_config/README.md)
+    gil_switch_interval_micros: int = 0  # bertserve's own flag (serving_config/README.md)
 
     def effective_grpc_threads(self, max_batch_size: int) -> int:
         """TF Serving's default is 4 x CPUs; its handlers are asynchronous. Here a handler thread waits while its
@@ -90,6 +91,8 @@ _HELP = {
                                        "1.0 (0.0: TensorFlow's default)",
     "grpc_front_end_processes": "not in tensorflow_model_server: processes that terminate gRPC on --port and "
                                 "forward the calls to this one (1: gRPC in this process)",
+    "gil_switch_interval_micros": "not in tensorflow_model_server: how long a thread may hold Python's interpreter "
+                                  "lock while another waits (0: Python's default, 5000)",
 }
 
 
@@ -145,6 +148,9 @@ def parse_flags(argv: list[str]) -> tuple[ServerOptions, list[str]]:
                         f"{options.per_process_gpu_memory_fraction}")
     if options.grpc_front_end_processes < 1:
         raise FlagError(f"--grpc_front_end_processes must be at least 1, got {options.grpc_front_end_processes}")
+    if options.gil_switch_interval_micros < 0:
+        raise FlagError(f"--gil_switch_interval_micros must be 0 (Python's default) or more, got "
+                        f"{options.gil_switch_interval_micros}")
     if options.grpc_front_end_processes > 1 and options.port == 0:
         raise FlagError("--grpc_front_end_processes above 1 needs --port: the processes share a TCP port (a UNIX "
                         "socket cannot be shared; the first of them also serves --grpc_socket_path)")

@@ -1,7 +1,7 @@
 """The link between a gRPC front-end process (C++) and the main process: length-prefixed frames on a socketpair.
 
-Calls go one way as (call id, seconds left, method name, request bytes) and answers come back as (call id,
-status code, details, response bytes): bytes as gRPC delivered them, never a parsed or pickled protobuf, so a
+Calls go one way as (call id, seconds left, arrival time, method name, request bytes) and answers come back as
+(call id, status code, details, response bytes): bytes as gRPC delivered them, never a parsed or pickled protobuf, so a
 hand-off costs a few struct operations and a copy. Frames queued in one pass of the event loop leave in one
 write (a batch's answers, a burst of calls), and a reader parses every whole frame a read brought in.
 
@@ -16,7 +16,8 @@ import struct
 from typing import Callable
 
 LENGTH = struct.Struct("<I")  # bytes that follow the length field: the kind and the body
-CALL = struct.Struct("<IdH")  # call id, seconds left (negative: no deadline), length of the method name
+# call id, seconds left (negative: no deadline), arrival at the front end (time.monotonic()), method name length
+CALL = struct.Struct("<IddH")
 ANSWER = struct.Struct("<IBI")  # call id, gRPC status code number, length of the details
 CALL_ID = struct.Struct("<I")
 FLAG = struct.Struct("<B")
@@ -35,12 +36,12 @@ def _frame(kind: Kind, *parts: bytes) -> list[bytes]:
     return [LENGTH.pack(1 + sum(len(part) for part in parts)), bytes((kind,)), *parts]
 
 
-def parse_call(frame: bytes, start: int, end: int) -> tuple[int, str, float | None, bytes]:
-    """(call id, method, seconds left, request bytes) of a CALL frame's body at frame[start:end]."""
-    call_id, seconds_left, name_length = CALL.unpack_from(frame, start)
+def parse_call(frame: bytes, start: int, end: int) -> tuple[int, str, float | None, float, bytes]:
+    """(call id, method, seconds left, arrival time, request bytes) of a CALL frame's body at frame[start:end]."""
+    call_id, seconds_left, arrived, name_length = CALL.unpack_from(frame, start)
     name_start = start + CALL.size
     payload_start = name_start + name_length
-    return (call_id, frame[name_start:payload_start].decode(), None if seconds_left < 0 else seconds_left,
+    return (call_id, frame[name_start:payload_start].decode(), None if seconds_left < 0 else seconds_left, arrived,
             frame[payload_start:end])
 
 

@@ -11,6 +11,11 @@ A front-end process that exits or whose link breaks is noticed at once: its call
 started again. More than MAX_RESTARTS restarts within RESTART_WINDOW_SECONDS, or a replacement that cannot
 listen, is a failure of the server: health turns NOT_SERVING and `on_failure` is told (the server then exits
 non-zero), rather than a server that looks healthy while its port drops calls.
+
+When this process falls behind reading the links (its Python is the limit on a fast GPU), calls would queue
+there without bound, past the batch queue's own limit, until their deadlines. An inference call read more than
+LINK_BACKLOG_LIMIT_SECONDS after its front end got it is refused UNAVAILABLE unparsed, a few microseconds each,
+as TF Serving's handlers would have found its batch queue full; so the backlog drains and latency stays bounded.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import subprocess
 import time
 from typing import Callable
 
+import grpc
+
 from bertserve.server import forwarding
 from bertserve.server.forwarding import FrameLink, Kind
 from bertserve.server.grpc_service import GrpcApi
@@ -36,6 +43,8 @@ START_TIMEOUT_SECONDS = 60.0
 MAX_RESTARTS, RESTART_WINDOW_SECONDS = 5, 60.0
 # After the drain grace, time for the front ends to close their calls and exit before they are killed.
 EXIT_MARGIN_SECONDS = 5.0
+# Far above a read's normal delay (under a millisecond) and the pauses of a version swap under load (tens of ms).
+LINK_BACKLOG_LIMIT_SECONDS = 0.1
 
 
 @dataclasses.dataclass
@@ -151,7 +160,14 @@ class FrontEndProcesses:
 
     def _on_frame(self, front_end: _FrontEnd, kind: Kind, frame: bytes, start: int, end: int) -> None:
         if kind == Kind.CALL:
-            call_id, method, seconds_left, payload = forwarding.parse_call(frame, start, end)
+            call_id, method, seconds_left, arrived, payload = forwarding.parse_call(frame, start, end)
+            waited = time.monotonic() - arrived
+            if waited > LINK_BACKLOG_LIMIT_SECONDS and self.api.is_inference(method):
+                front_end.link.send(forwarding.answer_frame(
+                    call_id, grpc.StatusCode.UNAVAILABLE.value[0],
+                    f"The server is overloaded: this request waited {waited * 1e3:.0f} ms for the server to read "
+                    f"it (limit {LINK_BACKLOG_LIMIT_SECONDS * 1e3:.0f} ms); retry later", b""))
+                return
             front_end.calls[call_id] = asyncio.get_running_loop().create_task(
                 self._answer(front_end, call_id, method, payload, seconds_left))
         elif kind == Kind.CANCEL:

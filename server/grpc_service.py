@@ -89,11 +89,18 @@ class GrpcApi:
             "Predict": self.predict, "Classify": self.classify, "Regress": self.regress,
             "MultiInference": self.multi_inference, "GetModelMetadata": self.get_model_metadata,
             "GetModelStatus": self.get_model_status, "HandleReloadConfigRequest": self.reload_config}
+        self._inference_handlers = {self.predict, self.classify, self.regress, self.multi_inference}
         # full method name -> (request type, handler), from the services' descriptors
         self._methods: dict[str, tuple[type[message.Message], Handler]] = {
             f"/{service.full_name}/{method.name}": (message_factory.GetMessageClass(method.input_type),
                                                      handlers[method.name])
             for service in SERVICES for method in service.methods}
+
+    def is_inference(self, method: str) -> bool:
+        """Whether a full method name runs a model (Predict, Classify, Regress, MultiInference): the calls that
+        queue for batches and may be refused when the server is overloaded."""
+        found = self._methods.get(method)
+        return found is not None and found[1] in self._inference_handlers
 
     @property
     def methods(self) -> list[str]:

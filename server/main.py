@@ -174,6 +174,10 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     if ignored:
         log.warning("accepted for tensorflow_model_server compatibility, no effect here: %s", " ".join(ignored))
+    if options.gil_switch_interval_micros:
+        # A batch thread back from the session waits for the interpreter lock while the event loop runs requests;
+        # Python makes it wait up to the switch interval, which then bounds each batch's turnaround.
+        sys.setswitchinterval(options.gil_switch_interval_micros / 1e6)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):

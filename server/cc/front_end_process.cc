@@ -245,6 +245,9 @@ class ForwardedCall : public grpc::ServerGenericBidiReactor {
     id_ = table_->Add(this);
     Put<uint32_t>(&head, id_);
     Put<double>(&head, SecondsLeft());
+    // When the request arrived, on the clock Python's time.monotonic() reads (CLOCK_MONOTONIC): the main process
+    // refuses calls that waited too long in the link, so a backlog there stays bounded.
+    Put<double>(&head, std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
     Put<uint16_t>(&head, static_cast<uint16_t>(method.size()));
     head.append(method);
     if (!link_->Send(kCall, head, payload) && table_->Take(id_) != nullptr) {

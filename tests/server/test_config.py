@@ -132,6 +132,14 @@ def test_gpu_memory_fraction_outside_zero_to_one_is_refused(value):
         parse_flags_only(["--model_base_path=/m", f"--per_process_gpu_memory_fraction={value}"])
 
 
+def test_gil_switch_interval_is_zero_for_pythons_default_or_a_positive_number():
+    assert parse_flags_only(["--model_base_path=/m"]).gil_switch_interval_micros == 0
+    assert parse_flags_only(["--model_base_path=/m", "--gil_switch_interval_micros=250"]
+                            ).gil_switch_interval_micros == 250
+    with pytest.raises(FlagError, match="gil_switch_interval_micros must be 0"):
+        parse_flags_only(["--model_base_path=/m", "--gil_switch_interval_micros=-1"])
+
+
 def test_gpu_memory_fraction_reaches_every_session_with_the_process_settings(models_dir):
     """TF Serving puts the fraction in each session's config; the thread settings stay those of the process."""
     from bertserve.server.servable import LoadedVersion

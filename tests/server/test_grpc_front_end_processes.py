@@ -17,8 +17,8 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, predict_pb2,
-                                     prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+                                     predict_pb2, prediction_service_pb2_grpc)
 
 from serving_harness import REPO_ROOT, ServerProcess, metric_total
 from tiny_models import direct_scores, predict_request, tensor, token_inputs
@@ -162,6 +162,40 @@ def test_killed_front_end_is_replaced(server):
             reply = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(
                 predict_request("tiny", token_inputs(1, 8)), timeout=60)
             assert reply.outputs["scores"].tensor_shape.dim[0].size == 1
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_calls_left_unread_by_a_stalled_main_process_are_refused_not_queued(server):
+    """A main process that falls behind reading its links (stopped here for 0.6 s) must not queue calls without
+    bound: inference calls it reads more than LINK_BACKLOG_LIMIT_SECONDS late are UNAVAILABLE at once, calls
+    that run no model still answer, and the next calls are served as before."""
+    channels = _channels(server.target, 4)
+    stubs = [prediction_service_pb2_grpc.PredictionServiceStub(channel) for channel in channels]
+    status_request = get_model_status_pb2.GetModelStatusRequest()
+    status_request.model_spec.name = "tiny"
+    try:
+        for stub in stubs:  # connected, and the front ends' links idle
+            stub.Predict(predict_request("tiny", token_inputs(1, 8)), timeout=60)
+        main = psutil.Process(server.proc.pid)
+        main.suspend()
+        try:
+            late = [stub.Predict.future(predict_request("tiny", token_inputs(2, 8, seed=i)), timeout=60)
+                    for i, stub in enumerate(stubs * 5)]
+            status = model_service_pb2_grpc.ModelServiceStub(channels[0]).GetModelStatus.future(status_request,
+                                                                                               timeout=60)
+            time.sleep(0.6)
+        finally:
+            main.resume()
+        for future in late:
+            error = future.exception(timeout=60)
+            assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE, error
+            assert "The server is overloaded: this request waited" in error.details()
+        assert status.result(timeout=60).model_version_status[0].version == 2
+        for stub in stubs:
+            reply = stub.Predict(predict_request("tiny", token_inputs(3, 8)), timeout=60)
+            assert reply.outputs["scores"].tensor_shape.dim[0].size == 3
     finally:
         for channel in channels:
             channel.close()
