@@ -31,7 +31,6 @@ The result is named by the CPU's vendor (amd, intel), so that each vendor's mach
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -102,25 +101,14 @@ def pinned_gemm_engine(weights, backend: str) -> Engine:
     return engine
 
 
-def selected_gemm_backend(query_name: str = "bertserve_cpu_gemm_backend") -> str | None:
-    """The GEMM backend the op library packs for in this process (its own choice on this CPU, or the override):
-    for float operands, or with query_name bertserve_cpu_gemm_bf16_backend for bf16 ones."""
-    from bertserve import custom_ops
-
-    query = getattr(ctypes.CDLL(custom_ops.library_path()), query_name)
-    query.restype = ctypes.c_char_p
-    name = query()
-    return name.decode() if name is not None else None
-
-
-def bf16_score_error(weights) -> dict:
-    """|fused bf16 - fused fp32| scores on SCORE_ERROR_ROWS mixed-length rows (1 to 32 tokens) of `weights`."""
+def bf16_score_error(config, fused: Engine, fused_bf16: Engine) -> dict:
+    """|fused bf16 - fused fp32| scores on SCORE_ERROR_ROWS mixed-length rows (1 to 32 tokens) of one model."""
     from bertserve.export.samples import mixed_length_inputs
 
-    inputs = mixed_length_inputs(weights.config, SCORE_ERROR_ROWS, SEQ)
+    inputs = mixed_length_inputs(config, SCORE_ERROR_ROWS, SEQ)
     args = (inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
-    fp32 = tf_engine(weights, "fused")(*args)
-    error = np.abs(tf_engine(weights, "fused", precision="bf16")(*args) - fp32)
+    fp32 = fused(*args)
+    error = np.abs(fused_bf16(*args) - fp32)
     return {"rows": SCORE_ERROR_ROWS, "max": round(float(error.max()), 5),
             "p99": round(float(np.quantile(error, 0.99)), 5), "mean": round(float(error.mean()), 5),
             "fp32_score_range": [round(float(fp32.min()), 4), round(float(fp32.max()), 4)]}
@@ -289,18 +277,22 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime
     import tensorflow as tf
 
+    from bertserve import custom_ops
     from bertserve.export.onnx_export import export_onnx
     from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
 
     weights = BertWeights.random(CHITCHAT_CONFIG, seed=0)
-    score_error = {"chitchat_random": bf16_score_error(weights), "minilm": bf16_score_error(minilm_weights())}
-    print(json.dumps({"bf16_score_error_vs_fp32": score_error}), flush=True)
-    threads = os.cpu_count() or 1
     tf_engines: dict[str, Engine] = {"fused": tf_engine(weights, "fused"),
                                      "fused_bf16": tf_engine(weights, "fused", precision="bf16"),
                                      "fused_all_tokens": tf_engine(weights, "fused", first_token_only=False),
                                      "fused_mkl": pinned_gemm_engine(weights, "mkl"),
                                      "stock_tf": tf_engine(weights, "stock")}
+    minilm = minilm_weights()
+    score_error = {"chitchat_random": bf16_score_error(CHITCHAT_CONFIG, tf_engines["fused"], tf_engines["fused_bf16"]),
+                   "minilm": bf16_score_error(minilm.config, tf_engine(minilm, "fused"),
+                                              tf_engine(minilm, "fused", precision="bf16"))}
+    print(json.dumps({"bf16_score_error_vs_fp32": score_error}), flush=True)
+    threads = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as workdir:
         onnx_files = {"ort_tf2onnx": export_onnx(weights, os.path.join(workdir, "stock.onnx")),
                       "ort_hf_fused": hf_onnx(weights, os.path.join(workdir, "hf.onnx"))}
@@ -340,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"layers": 6, "hidden": 768, "heads": 12, "intermediate": 3072, "seq": SEQ, "weights": "random"},
         "machine": machine(),
         "machine_at_start": host,
-        "gemm_backend": selected_gemm_backend(),
+        "gemm_backend": custom_ops.cpu_gemm_backend(),
         "gemm_backend_override": os.environ.get(GEMM_BACKEND_ENV),
-        "gemm_backend_bf16": selected_gemm_backend("bertserve_cpu_gemm_bf16_backend"),
+        "gemm_backend_bf16": custom_ops.cpu_gemm_backend("bfloat16"),
         "gemm_backend_bf16_override": os.environ.get(GEMM_BF16_BACKEND_ENV),
         "bf16_score_error_vs_fp32": score_error,
         "versions": {"python": platform.python_version(), "tensorflow": tf.__version__,

@@ -69,6 +69,12 @@ class Spec:
     alpha: float | None = None
     full: bool = False
 
+    def mask(self, layers: int) -> np.ndarray:
+        """Which GEMMs are FP8: [layers, 4] in GEMM_SITES order."""
+        from bertserve.export import fp8
+
+        return fp8.gemm_mask(layers, self.sites, self.excluded_layers)
+
 
 SCHEMES = {
     "fp32": Spec(sites=(), full=True),
@@ -142,7 +148,7 @@ def build(spec: Spec, weights, channels: dict[str, np.ndarray], percentile: floa
     """The Fp8Scheme of a Spec on one model."""
     from bertserve.export import fp8
 
-    mask = fp8.gemm_mask(weights.config.num_hidden_layers, spec.sites, spec.excluded_layers)
+    mask = spec.mask(weights.config.num_hidden_layers)
     if not mask.any():
         return fp8.Fp8Scheme(None, None, mask, spec.rest)
     smoothing = None if spec.alpha is None else fp8.smoothing_factors(weights, channels, spec.alpha)
@@ -228,8 +234,10 @@ def minilm_part(checkpoint: str, cache: str) -> dict:
 
 def static_amax(path: str) -> list:
     """The per-tensor amax [layers, 4] (GEMM_SITES order) over the calibration batches, from a channel_amax file."""
+    from bertserve.export import fp8
+
     with np.load(path) as f:
-        return np.round(np.stack([f[s].max(axis=(0, 2)) for s in GEMM_SITES], axis=-1), 4).tolist()
+        return np.round(fp8.tensor_amax(dict(f)).max(axis=0), 4).tolist()
 
 
 def wanted_chunks(name: str, queries: int, screen_queries: int) -> int:
@@ -294,13 +302,14 @@ def chitchat_part(cache: str, queries: int, screen_queries: int) -> dict:
             found.append(np.load(chitchat_path(cache, name, len(found))))
         return found
 
-    fp32 = chunks("fp32")
-    out["complete"] = all(len(chunks(name)) >= wanted_chunks(name, queries, screen_queries) for name in SCHEMES)
+    loaded = {name: chunks(name) for name in SCHEMES}
+    out["complete"] = all(len(found) >= wanted_chunks(name, queries, screen_queries) for name, found in loaded.items())
+    fp32 = loaded["fp32"]
     if not fp32:
         return out
     fp32_scores = np.concatenate(fp32)
-    for name in SCHEMES:
-        found = chunks(name)[:len(fp32)]
+    for name, found in loaded.items():
+        found = found[:len(fp32)]
         if name != "fp32" and found:
             scores = np.concatenate(found)
             out[name] = {"queries": len(scores), **agreement(fp32_scores[:len(scores)], scores)}
@@ -324,8 +333,8 @@ def flop_shares() -> dict:
 
     mean_tokens = float(np.mean(pairs.read_lengths()))
     layers = CHITCHAT_CONFIG.num_hidden_layers
-    return {name: round(fp8.fp8_flop_share(fp8.gemm_mask(layers, spec.sites, spec.excluded_layers),
-                                           CHITCHAT_CONFIG, mean_tokens), 4) for name, spec in SCHEMES.items()}
+    return {name: round(fp8.fp8_flop_share(spec.mask(layers), CHITCHAT_CONFIG, mean_tokens), 4)
+            for name, spec in SCHEMES.items()}
 
 
 def verdicts(minilm: dict, chitchat: dict, queries: int) -> dict:
@@ -400,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     minilm = minilm_part(checkpoint, cache)
     chitchat = chitchat_part(cache, args.queries, args.screen_queries)
     passed = verdicts(minilm, chitchat, args.queries)
+    shares = flop_shares()
     report = {
         "bench": "bench/fp8_accuracy.py", "issue": "FP8 on Hopper (accuracy bars)",
         "complete": chitchat["complete"] and all(name in minilm for name in SCHEMES),
@@ -418,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
                                         f"({len(pairs.read_pairs(pairs.TRAIN_PAIRS))} shipped pairs)",
                    "fp32_parts": "embeddings, LayerNorm, attention (QK^T, softmax, PV), bias, GELU, residuals, "
                                  "pooler, head"},
-        "schemes": {name: {**dataclasses.asdict(spec), "fp8_gemm_flop_share": share}
-                    for (name, spec), share in zip(SCHEMES.items(), flop_shares().values())},
+        "schemes": {name: {**dataclasses.asdict(spec), "fp8_gemm_flop_share": shares[name]}
+                    for name, spec in SCHEMES.items()},
         "bars": BARS, "minilm": minilm, "chitchat": chitchat, "passed": passed,
         "meets_all_bars": [name for name, row in passed.items() if row["all"]], "notes": NOTES,
     }

@@ -31,9 +31,6 @@ ENCODER_WEIGHT_NAMES = (
 # BertRankerHead's weight inputs after first_tokens, in input order.
 RANKER_HEAD_WEIGHT_NAMES = ("pooler_kernel", "pooler_bias", "classifier_kernel", "classifier_bias")
 
-# BertEncoder's gemm_operands attr: float, or bfloat16 (float models on CPU only).
-GEMM_OPERANDS = ("float", "bfloat16")
-
 
 def library_path() -> str:
     """The op library this process loads: $BERTSERVE_OPS_LIBRARY if set, else the one built next to this file."""
@@ -70,6 +67,19 @@ def library_loads() -> bool:
     except (OSError, tf.errors.OpError):  # FileNotFoundError (not built) is an OSError
         return False
     return True
+
+
+def cpu_gemm_backend(operands: str = "float") -> str | None:
+    """The CPU GEMM backend that packs weights in this process now, for float or bfloat16 operands (this CPU's
+    choice, or $BERTSERVE_CPU_GEMM / $BERTSERVE_CPU_GEMM_BF16): the library's own answer, for tests and benches."""
+    import ctypes
+
+    load_op_library()  # its TensorFlow dependencies, before ctypes opens it
+    symbol = {"float": "bertserve_cpu_gemm_backend", "bfloat16": "bertserve_cpu_gemm_bf16_backend"}[operands]
+    query = getattr(ctypes.CDLL(library_path()), symbol)
+    query.restype = ctypes.c_char_p
+    name = query()
+    return name.decode() if name is not None else None
 
 
 def bert_embedding(input_ids, segment_ids, input_mask, word_embeddings, position_embeddings, token_type_embeddings,

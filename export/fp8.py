@@ -327,8 +327,7 @@ def smoothing_factors(w: BertWeights, channels: Smoothing, alpha: float) -> Smoo
         x = channels[site].max(axis=0)
         weight = np.max([np.abs(w[name].astype(np.float64)).max(axis=2) for name in names], axis=0)
         ok = (x > 0) & (weight > 0)
-        out[site] = np.where(ok, np.where(ok, x, 1.0) ** alpha / np.where(ok, weight, 1.0) ** (1 - alpha),
-                             1.0).astype(np.float32)
+        out[site] = (np.where(ok, x, 1.0) ** alpha / np.where(ok, weight, 1.0) ** (1 - alpha)).astype(np.float32)
     return out
 
 

@@ -12,8 +12,19 @@ from bertserve.export.weights import BertConfig, BertWeights
 FP32_TOLERANCE = 1e-4  # relative, against the float64 reference (the issue's bar)
 FP16_TOLERANCE = 1e-2
 
+# Widths that fill no panel or vector of the GEMM backends exactly (72 columns, 216 for QKV, 600 for the FFN) and
+# an FFN output GEMM deeper than the avx512 kernels' 512-row k-slice.
+ODD_CONFIG = BertConfig(vocab_size=101, hidden_size=72, num_hidden_layers=2, num_attention_heads=3,
+                        intermediate_size=600, max_position_embeddings=24, type_vocab_size=2)
+
 EMBEDDING_NAMES = ("word_embeddings", "position_embeddings", "token_type_embeddings", "embeddings_ln_gamma",
                    "embeddings_ln_beta")
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists this CPU flag (avx512f, avx512_bf16, ...)."""
+    with open("/proc/cpuinfo") as f:
+        return f" {flag}" in f.read()
 
 
 def small_config(hidden: int = 64, heads: int = 2, layers: int = 2, max_positions: int = 40) -> BertConfig:

@@ -4,32 +4,22 @@ fresh set of weight arrays is packed again."""
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 import tensorflow as tf
-from ops_testing import FP32_TOLERANCE, assert_close, check_against_reference, op_weights, random_batch
+from ops_testing import (FP32_TOLERANCE, ODD_CONFIG, assert_close, check_against_reference, cpu_has, op_weights,
+                         random_batch)
 
 from bertserve import custom_ops as ops
 from bertserve.export import reference
-from bertserve.export.weights import BertConfig, BertWeights
+from bertserve.export.weights import BertWeights
 
 BACKENDS = ("mkl", "avx512")
-# Widths that fill no panel or vector of either backend exactly (72 columns, 216 for QKV, 600 for the FFN), an
-# FFN output GEMM deeper than the avx512 kernel's 512-row k-slice, and more than 512 tokens (row tiles).
-ODD_CONFIG = BertConfig(vocab_size=101, hidden_size=72, num_hidden_layers=2, num_attention_heads=3,
-                        intermediate_size=600, max_position_embeddings=24, type_vocab_size=2)
-
-
-def cpu_has_avx512f() -> bool:
-    with open("/proc/cpuinfo") as f:
-        return " avx512f" in f.read()
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request, monkeypatch):
-    if request.param == "avx512" and not cpu_has_avx512f():
+    if request.param == "avx512" and not cpu_has("avx512f"):
         pytest.skip("this CPU has no AVX-512F")
     monkeypatch.setenv("BERTSERVE_CPU_GEMM", request.param)
     return request.param
@@ -60,21 +50,13 @@ def test_first_token_only_matches_reference(backend):
     assert_close(first, expected, FP32_TOLERANCE)
 
 
-def selected_backend() -> str | None:
-    """The library's own answer (bertserve_cpu_gemm_backend, exported for tools) to which backend packs now."""
-    query = ctypes.CDLL(ops.library_path()).bertserve_cpu_gemm_backend
-    query.restype = ctypes.c_char_p
-    name = query()
-    return name.decode() if name is not None else None
-
-
 def test_override_is_the_backend_that_packs(backend):
-    assert selected_backend() == backend
+    assert ops.cpu_gemm_backend() == backend
 
 
 def test_without_override_a_backend_is_chosen(monkeypatch):
     monkeypatch.delenv("BERTSERVE_CPU_GEMM", raising=False)
-    assert selected_backend() in BACKENDS
+    assert ops.cpu_gemm_backend() in BACKENDS
 
 
 def test_unknown_backend_is_refused_by_name(monkeypatch):

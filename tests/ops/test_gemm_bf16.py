@@ -6,25 +6,21 @@ from __future__ import annotations
 
 import ctypes
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
-from ops_testing import op_weights
+from ops_testing import ODD_CONFIG, cpu_has, op_weights
 
 from bertserve import custom_ops as ops
 from bertserve.export.graph import build_ranker_module
 from bertserve.export.samples import mixed_length_inputs
 from bertserve.export.validate import TOLERANCES
-from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
+from bertserve.export.weights import CHITCHAT_CONFIG, BertWeights
 
 BF16_BACKENDS = ("avx512_bf16", "bf16_portable")
 # k odd (a pair half empty) and beyond one 512-row slice, widths that fill no 48-column panel, 1 to 600 rows.
 SHAPES = [(1, 768, 2304), (7, 3072, 768), (9, 1025, 97), (600, 33, 50)]
-
-
-def cpu_has(flag: str) -> bool:
-    with open("/proc/cpuinfo") as f:
-        return f" {flag}" in f.read()
 
 
 HAS_AVX512_BF16 = cpu_has("avx512_bf16")
@@ -56,17 +52,8 @@ def gemm(a: np.ndarray, b: np.ndarray, bfloat16: bool = True) -> np.ndarray:
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 -> the nearest bfloat16 (ties to even) as float64; normal numbers only."""
-    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
-
-
-def selected_bf16_backend() -> str | None:
-    query = library().bertserve_cpu_gemm_bf16_backend
-    query.restype = ctypes.c_char_p
-    name = query()
-    return name.decode() if name is not None else None
+    """float32 -> the nearest bfloat16 (ties to even) as float64."""
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -101,20 +88,16 @@ def test_portable_path_is_the_instruction_bit_for_bit(monkeypatch, shape):
 
 
 def test_override_is_the_backend_that_packs(bf16_backend):
-    assert selected_bf16_backend() == bf16_backend
+    assert ops.cpu_gemm_backend("bfloat16") == bf16_backend
 
 
 def test_without_override_the_instruction_where_the_cpu_has_it(monkeypatch):
     monkeypatch.delenv("BERTSERVE_CPU_GEMM_BF16", raising=False)
-    assert selected_bf16_backend() == ("avx512_bf16" if HAS_AVX512_BF16 else "bf16_portable")
-
-
-SMALL_CONFIG = BertConfig(vocab_size=101, hidden_size=72, num_hidden_layers=2, num_attention_heads=3,
-                          intermediate_size=600, max_position_embeddings=24, type_vocab_size=2)
+    assert ops.cpu_gemm_backend("bfloat16") == ("avx512_bf16" if HAS_AVX512_BF16 else "bf16_portable")
 
 
 def encoder_call(gemm_operands: str, dtype=np.float32) -> tf.Tensor:
-    _, encoder = op_weights(BertWeights.random(SMALL_CONFIG, seed=6), dtype)
+    _, encoder = op_weights(BertWeights.random(ODD_CONFIG, seed=6), dtype)
     hidden = np.linspace(-1, 1, 5 * 72).reshape(5, 72).astype(dtype)
     return ops.bert_encoder(hidden, np.array([0, 2, 5], np.int32), **encoder, num_heads=3,
                             gemm_operands=gemm_operands)
