@@ -37,8 +37,7 @@ namespace bertserve {
 namespace cpu {
 namespace {
 
-constexpr int64_t kDepth = 512;  // rows of B per pass over a panel
-
+using panels::kDepth;
 using panels::kPanel;
 
 class Avx512Backend : public GemmBackend {
@@ -50,7 +49,7 @@ class Avx512Backend : public GemmBackend {
   int64_t ColumnAlign() const override { return kPanel; }
 
   int64_t PackedBytes(int64_t k, int64_t cols) const override {
-    return (cols + kPanel - 1) / kPanel * kPanel * k * static_cast<int64_t>(sizeof(float));
+    return panels::PackedBytes<float>(k, cols);
   }
 
   void Pack(int64_t k, int64_t cols, const float* b, int64_t ldb, float* dest) const override {

@@ -66,8 +66,8 @@ namespace {
 
 using panels::kPanel;
 
-// Pairs of rows of B per slice: 512 rows, as the float kernel's slices.
-constexpr int64_t kSlicePairs = 256;
+// Pairs of rows of B per slice: kDepth rows, as the float kernel's slices.
+constexpr int64_t kSlicePairs = panels::kDepth / 2;
 
 // The bf16 bits of x, rounded to nearest even; zero (of x's sign) for a denormal, a quiet NaN for a NaN: what
 // VCVTNEPS2BF16 gives.
@@ -130,7 +130,7 @@ class Bf16Backend : public GemmBackend {
   int64_t ColumnAlign() const override { return kPanel; }
 
   int64_t PackedBytes(int64_t k, int64_t cols) const override {
-    return (cols + kPanel - 1) / kPanel * kPanel * Pairs(k) * static_cast<int64_t>(sizeof(uint32_t));
+    return panels::PackedBytes<uint32_t>(Pairs(k), cols);
   }
 
   void Pack(int64_t k, int64_t cols, const float* b, int64_t ldb, float* dest) const override {

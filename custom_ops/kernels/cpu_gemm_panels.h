@@ -7,7 +7,8 @@
 // on demand the first row tile of every panel waited for them.
 //
 // Templates without a target attribute of their own: each backend includes this header inside its
-// `#pragma GCC target` region, so that its Tile inlines into them.
+// `#pragma GCC target` region, so that its Tile inlines into them. PackedBytes alone is compiled for the command
+// line's target: the backends call it from code that runs on any CPU.
 #ifndef BERTSERVE_KERNELS_CPU_GEMM_PANELS_H_
 #define BERTSERVE_KERNELS_CPU_GEMM_PANELS_H_
 
@@ -25,7 +26,17 @@ constexpr int64_t kPanel = 16 * kVectors;  // columns per panel
 constexpr int kRows = 8;                  // rows of C per Tile call: 8 x 3 accumulators
 constexpr int64_t kRowBlock = 160;        // rows of A per pass over the panels of a slice
 constexpr int64_t kLineBytes = 64;
-constexpr int64_t kUnitBytes = 4;  // a float, or a pair of bfloat16
+constexpr int64_t kDepth = 512;           // rows of B per pass over a panel (a slice)
+
+// Bytes of B packed in panels of `units` units of depth (a unit of type Unit: a float per row of B, or a pair of
+// bfloat16 per two rows), its cols columns rounded up to whole panels.
+#pragma GCC push_options
+#pragma GCC reset_options
+template <typename Unit>
+inline int64_t PackedBytes(int64_t units, int64_t cols) {
+  return (cols + kPanel - 1) / kPanel * kPanel * units * static_cast<int64_t>(sizeof(Unit));
+}
+#pragma GCC pop_options
 
 // Which of a panel's columns exist, per vector: a panel at the end of a block may be narrower than kPanel.
 struct PanelMasks {
@@ -152,7 +163,7 @@ inline void MultiplyPanels(int64_t rows, int64_t cols, int64_t units, int64_t sl
         }
         PanelRows<Tile>(block_rows, depth, a + i * lda + p, lda, packed + j * units + p * kPanel, c + i * ldc + j,
                         ldc, p > 0, PanelMasks(std::min(kPanel, cols - j)), reinterpret_cast<const char*>(next),
-                        next_depth * kPanel * kUnitBytes);
+                        next_depth * kPanel * static_cast<int64_t>(sizeof(Unit)));
       }
     }
   }

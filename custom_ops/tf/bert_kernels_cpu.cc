@@ -124,12 +124,10 @@ absl::Status RunCore(const char* op, const std::function<void()>& call) {
   return absl::OkStatus();
 }
 
-// BertEncoder's gemm_operands attr. bfloat16 is for float models: it rounds float operands, and a half model
-// (which the export never writes with it) would only lose more precision.
-absl::Status ReadGemmOperands(OpKernelConstruction* ctx, cpu::GemmOperands* operands) {
-  std::string name;
-  TF_RETURN_IF_ERROR(ctx->GetAttr("gemm_operands", &name));
-  *operands = name == "bfloat16" ? cpu::GemmOperands::kBfloat16 : cpu::GemmOperands::kFloat;
+// BertEncoder's gemm_operands attr (ReadGemmOperands). bfloat16 is for float models: it rounds float operands, and
+// a half model (which the export never writes with it) would only lose more precision.
+absl::Status ReadCpuGemmOperands(OpKernelConstruction* ctx, cpu::GemmOperands* operands) {
+  TF_RETURN_IF_ERROR(ReadGemmOperands(ctx, operands));
   if (*operands == cpu::GemmOperands::kBfloat16 && ctx->input_type(0) != tensorflow::DT_FLOAT) {
     return InvalidArgument(ctx->def().op(), ": gemm_operands='bfloat16' needs T=float, got ",
                            tensorflow::DataTypeString(ctx->input_type(0)));
@@ -230,7 +228,7 @@ class BertEncoderOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_heads", &num_heads_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("layer_norm_epsilon", &epsilon_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("first_token_only", &first_token_only_));
-    OP_REQUIRES_OK(ctx, ReadGemmOperands(ctx, &gemm_operands_));
+    OP_REQUIRES_OK(ctx, ReadCpuGemmOperands(ctx, &gemm_operands_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -257,7 +255,7 @@ class BertEncoderOp : public OpKernel {
   }
 
  private:
-  // half: the core widens the weights per layer and call (float GEMM operands: ReadGemmOperands refuses others).
+  // half: the core widens the weights per layer and call (float GEMM operands: ReadCpuGemmOperands refuses others).
   void RunEncoder(OpKernelContext*, const EncoderDims& dims, const EncoderWeights<fp16>& w, const PackedBatch& batch,
                   fp16* hidden, float* workspace, const cpu::ThreadPool& pool, fp16* first_tokens) {
     cpu::Encoder(dims, w, batch, hidden, workspace, pool, first_tokens);

@@ -145,12 +145,13 @@ class LazyGemmContext {
 // GEMMs instead would serve other numbers than the model asks for (and was validated with). The first call fails,
 // which TF Serving's warm-up at load time makes the model's load failing, with this message.
 absl::Status RefuseBf16Operands(OpKernelConstruction* ctx) {
-  std::string operands;
-  TF_RETURN_IF_ERROR(ctx->GetAttr("gemm_operands", &operands));
-  if (operands == "float") return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(ctx->def().op(), ": gemm_operands='", operands,
-                                               "' (bf16 GEMM operands) runs on CPU only; place the model on the "
-                                               "CPU, or export it with --precision fp32 or fp16 for the GPU"));
+  cpu::GemmOperands operands;
+  TF_RETURN_IF_ERROR(ReadGemmOperands(ctx, &operands));
+  if (operands == cpu::GemmOperands::kFloat) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(ctx->def().op(),
+                                               ": gemm_operands='bfloat16' (bf16 GEMM operands) runs on CPU only; "
+                                               "place the model on the CPU, or export it with --precision fp32 or "
+                                               "fp16 for the GPU"));
 }
 
 // The encoder runs on an arena of its token bucket (cuda::TokenBucket) that the kernel keeps, as a CUDA graph per

@@ -35,6 +35,13 @@ absl::Status CheckShape(const char* name, const Tensor& t, std::initializer_list
   return InvalidArgument(name, " misshapen: got ", t.shape().DebugString(), " but expected ", ShapeString(expected));
 }
 
+absl::Status ReadGemmOperands(tensorflow::OpKernelConstruction* ctx, cpu::GemmOperands* operands) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("gemm_operands", &name));
+  *operands = name == "bfloat16" ? cpu::GemmOperands::kBfloat16 : cpu::GemmOperands::kFloat;
+  return absl::OkStatus();
+}
+
 std::string CheckTokenInputs(const int32_t* input_ids, const int32_t* segment_ids, const int32_t* input_mask,
                              int64_t batch, int64_t seq, int64_t vocab_size, int64_t max_positions,
                              int64_t type_vocab_size, int32_t* cu_seqlens) {

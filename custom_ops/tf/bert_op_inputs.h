@@ -44,6 +44,10 @@ CoreType<T>* CoreData(tensorflow::Tensor* t) {
   return reinterpret_cast<CoreType<T>*>(t->flat<T>().data());
 }
 
+// BertEncoder's gemm_operands attr ('float' or 'bfloat16', as bert_ops.cc registers it). The CPU kernel adds its
+// own check (bfloat16 needs T=float); the GPU kernel refuses bfloat16.
+absl::Status ReadGemmOperands(tensorflow::OpKernelConstruction* ctx, cpu::GemmOperands* operands);
+
 // `t` (the input called `name`) must have exactly the dims `expected`.
 absl::Status CheckShape(const char* name, const tensorflow::Tensor& t, std::initializer_list<int64_t> expected);
 
