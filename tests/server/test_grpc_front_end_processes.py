@@ -334,3 +334,21 @@ def test_predict_through_front_ends_answers_as_in_one_process(server, tiny_serve
             np.testing.assert_allclose(tensor(answer.outputs[name]), tensor(expected.outputs[name]), rtol=1e-6)
     else:
         assert answer == expected
+
+
+def test_missing_front_end_program_stops_the_server_naming_it(models_dir, monkeypatch, caplog):
+    """Without the C++ program (`make setup` not run), the server exits 1 with a message that says how to build
+    it, rather than serving without its gRPC port. In this process: the program cannot vanish under the others."""
+    from bertserve.server import front_end_processes
+    from bertserve.server.flags import parse_flags
+    from bertserve.server.main import run
+
+    missing = os.path.join(models_dir, "no_such_front_end")
+    monkeypatch.setattr(front_end_processes, "FRONT_END_PROGRAM", missing)
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    options, _ = parse_flags(["--model_name=tiny", f"--model_base_path={models_dir}/tiny", f"--port={port}",
+                              "--grpc_front_end_processes=2", "--file_system_poll_wait_seconds=0"])
+    assert run(options, threading.Event()) == 1
+    assert f"--grpc_front_end_processes needs the front-end program {missing}: `make setup` builds it" in caplog.text
