@@ -36,6 +36,9 @@ using ::tensorflow::TensorShape;
 // a shared 2-core machine a late pool thread held up each of the encoder's 42 loops a call at batch 1.) An
 // exception thrown by a block (an allocation that failed) would end the process on a pool thread; it is carried
 // back and rethrown on the calling thread once every claimed block has finished, for RunCore to turn into a status.
+// The caller is one of the pool's `threads` participants (it plus threads - 1 pool threads): with one thread more
+// than cores, a 2-core machine time-sliced a thread holding a block in most calls (batch 1 all 32 tokens: median
+// 16.6 ms against a best of 13.6; 13.6 and 13.3 with the caller counted).
 class SharedLoop {
  public:
   SharedLoop(int64_t n, int64_t block_units, const std::function<void(int64_t, int64_t)>& fn)
@@ -96,9 +99,9 @@ cpu::ThreadPool IntraOpPool(OpKernelContext* ctx) {
       return;
     }
     const int64_t by_cost = (kMinBlockCycles + cost - 1) / cost;
-    const int64_t by_count = (n + kBlocksPerThread * (threads + 1) - 1) / (kBlocksPerThread * (threads + 1));
+    const int64_t by_count = (n + kBlocksPerThread * threads - 1) / (kBlocksPerThread * threads);
     auto loop = std::make_shared<SharedLoop>(n, std::max(by_cost, by_count), fn);
-    const int64_t helpers = std::min<int64_t>(threads, loop->blocks() - 1);
+    const int64_t helpers = std::min<int64_t>(threads - 1, loop->blocks() - 1);
     for (int64_t i = 0; i < helpers; ++i) workers->Schedule([loop] { loop->Work(); });
     loop->Work();
     loop->Wait();
