@@ -34,6 +34,7 @@ from bertserve.server.warmup import replay_warmup
 
 log = logging.getLogger("bertserve.server")
 State = get_model_status_pb2.ModelVersionStatus.State
+_AVAILABLE = State.AVAILABLE  # read per request: the enum wrapper's attribute lookup is slow
 
 
 @dataclasses.dataclass
@@ -340,15 +341,17 @@ class ModelManager:
         with self._lock:
             entry = self._entry(name)
             wanted = self._resolve_version(entry, version, label)
-            available = [r for r in entry.versions.values() if r.state == State.AVAILABLE]
-            if wanted is None:
-                record = max(available, key=lambda r: r.version, default=None)
-                if record is None:
+            record = None
+            for candidate in entry.versions.values():
+                if candidate.state != _AVAILABLE:
+                    continue
+                if (candidate.version == wanted) if wanted is not None else (
+                        record is None or candidate.version > record.version):
+                    record = candidate
+            if record is None:
+                if wanted is None:
                     raise not_found(f"Servable not found for request: Latest({name})")
-            else:
-                record = next((r for r in available if r.version == wanted), None)
-                if record is None:
-                    raise not_found(f"Servable not found for request: Specific({name}, {wanted})")
+                raise not_found(f"Servable not found for request: Specific({name}, {wanted})")
             servable = record.servable
             servable.acquire()
         try:

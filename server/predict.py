@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 from tensorflow_serving.apis import predict_pb2
@@ -22,11 +21,10 @@ from bertserve.server.errors import ServingError, from_exception
 from bertserve.server.manager import ModelManager
 from bertserve.server.metrics import ServerMetrics
 from bertserve.server.servable import LoadedVersion, Signature, batch_rows
-from bertserve.server.tensors import ndarray_to_proto
+from bertserve.server.tensors import fill_tensor_proto
 
 
-@dataclasses.dataclass(frozen=True)
-class PredictResult:
+class PredictResult(NamedTuple):  # a tuple: built once per request, cheaper than a frozen dataclass
     model_name: str
     version: int
     signature_name: str
@@ -91,6 +89,7 @@ class Predictor:
         response.model_spec.name = result.model_name
         response.model_spec.version.value = result.version
         response.model_spec.signature_name = result.signature_name
+        outputs = response.outputs
         for name, value in result.outputs.items():
-            response.outputs[name].CopyFrom(ndarray_to_proto(value, self.tensor_content))
+            fill_tensor_proto(outputs[name], value, self.tensor_content)
         return response

@@ -115,6 +115,7 @@ class Signature:
         self.key, self.signature_def = key, signature_def
         self.method_name = signature_def.method_name
         self.inputs = dict(signature_def.inputs)
+        self._input_names = frozenset(self.inputs)
         self.outputs = dict(signature_def.outputs)
         self.defaults: dict[str, tensor_pb2.TensorProto] = dict(signature_def.defaults)
         self._default_values = {alias: proto_to_ndarray(alias, self.inputs[alias], proto)
@@ -133,7 +134,9 @@ class Signature:
 
     def check_input_names(self, names: Sequence[str]) -> None:
         """TF Serving's texts (VerifyRequestInputsSize, GetInputValues): extra and missing aliases, defaults apply."""
-        given, wanted = set(names), set(self.inputs)
+        given, wanted = set(names), self._input_names
+        if given == wanted:
+            return
         if len(given) > len(wanted) or (len(given) < len(wanted) and not self.defaults):
             raise invalid_argument(
                 f"input size does not match signature: {len(given)}!={len(wanted)} len({{{','.join(sorted(given))}}})"
@@ -157,6 +160,8 @@ class Signature:
         return {**inputs, **missing} if missing else inputs
 
     def check_output_filter(self, output_filter: Sequence[str]) -> None:
+        if not output_filter:
+            return
         seen: set[str] = set()
         for alias in output_filter:
             if alias not in self.outputs:

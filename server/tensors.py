@@ -82,7 +82,7 @@ def base_dtype(dtype_enum: int) -> int:
 
 def _declared_dims(alias: str, shape: tensor_shape_pb2.TensorShapeProto) -> list[int]:
     dims = [d.size for d in shape.dim]
-    if shape.unknown_rank or any(d < 0 for d in dims):
+    if shape.unknown_rank or (dims and min(dims) < 0):
         raise invalid_argument(f"input tensor '{alias}' has an unknown or negative dimension: {dims}")
     if len(dims) > MAX_RANK:
         raise invalid_argument(f"input tensor '{alias}' has rank {len(dims)}, more than {MAX_RANK}")
@@ -94,15 +94,16 @@ def _check_size(alias: str, dims: list[int], carried: int, itemsize: int) -> int
 
     `carried`: elements the request actually holds. An empty tensor counts its non-zero dimensions, since the
     graph may build outputs from them ([2^30, 0] ids give [2^30] scores)."""
-    nominal = math.prod(max(d, 1) for d in dims)
+    count = math.prod(dims)
+    nominal = count if count else math.prod(d or 1 for d in dims)
     if nominal > MAX_TENSOR_ELEMENTS:
         raise invalid_argument(f"input tensor '{alias}' declares shape {dims}: {nominal} elements (counting the "
                                f"dimensions of an empty tensor), more than the {MAX_TENSOR_ELEMENTS} allowed")
-    if (nominal - min(carried, nominal)) * itemsize > MAX_EXPANSION_BYTES:
+    if carried < nominal and (nominal - carried) * itemsize > MAX_EXPANSION_BYTES:
         raise invalid_argument(f"input tensor '{alias}' declares shape {dims} ({nominal} elements) but carries "
                                f"{carried} values; a tensor may leave at most {MAX_EXPANSION_BYTES} bytes to be "
                                f"filled in")
-    return math.prod(dims)
+    return count
 
 
 def check_dtype(alias: str, info: meta_graph_pb2.TensorInfo, dtype_enum: int) -> None:
@@ -115,10 +116,12 @@ def check_dtype(alias: str, info: meta_graph_pb2.TensorInfo, dtype_enum: int) ->
 
 def proto_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, proto: tensor_pb2.TensorProto) -> np.ndarray:
     """Decodes one request tensor for a signature input: dtype, then size, then values. Errors name the input."""
-    check_dtype(alias, info, proto.dtype)
-    codec = _CODECS.get(proto.dtype)
+    dtype_enum = proto.dtype
+    if dtype_enum != info.dtype:  # the common case (equal) costs one comparison; check_dtype covers ref types
+        check_dtype(alias, info, dtype_enum)
+    codec = _CODECS.get(dtype_enum)
     if codec is None:
-        raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(proto.dtype)} is not supported")
+        raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(dtype_enum)} is not supported")
     dims = _declared_dims(alias, proto.tensor_shape)
     content = proto.tensor_content  # each read of the field copies its bytes
     if content:
@@ -128,7 +131,7 @@ def proto_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, proto: tensor_
         count = _check_size(alias, dims, len(content) // itemsize, itemsize)
         if len(content) != count * itemsize:
             raise invalid_argument(f"input tensor '{alias}': tensor_content holds {len(content)} bytes, "
-                                   f"shape {dims} of {dtype_name(proto.dtype)} needs {count * itemsize}")
+                                   f"shape {dims} of {dtype_name(dtype_enum)} needs {count * itemsize}")
         return np.frombuffer(content, dtype=codec.np_dtype).reshape(dims)
     field = getattr(proto, codec.field)
     carried, extra = divmod(len(field), codec.per_element)
@@ -162,12 +165,22 @@ def _typed_values(alias: str, field, codec: _Codec) -> np.ndarray:
 def decode_inputs(signature, protos: Mapping[str, tensor_pb2.TensorProto]) -> dict[str, np.ndarray]:
     """A request's inputs (signature defaults filling absent ones), names checked before anything is decoded."""
     signature.check_input_names(list(protos))
-    return {alias: proto_to_ndarray(alias, info, protos[alias] if alias in protos else signature.defaults[alias])
-            for alias, info in signature.inputs.items()}
+    decoded = {}
+    for alias, info in signature.inputs.items():
+        proto = protos.get(alias)  # one map lookup: each builds a message wrapper
+        decoded[alias] = proto_to_ndarray(alias, info, signature.defaults[alias] if proto is None else proto)
+    return decoded
 
 
 def ndarray_to_proto(array: np.ndarray, as_tensor_content: bool = False) -> tensor_pb2.TensorProto:
     """An output as TF Serving returns it: typed fields (Tensor::AsProtoField), or tensor_content on request."""
+    proto = tensor_pb2.TensorProto()
+    fill_tensor_proto(proto, array, as_tensor_content)
+    return proto
+
+
+def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, as_tensor_content: bool = False) -> None:
+    """ndarray_to_proto into an empty TensorProto in place (a response's map entry: no copy of the values)."""
     array = np.asarray(array)
     if array.dtype.kind in "OSU":
         enum = _STRING
@@ -176,8 +189,10 @@ def ndarray_to_proto(array: np.ndarray, as_tensor_content: bool = False) -> tens
         if enum is None:
             raise invalid_argument(f"output dtype {array.dtype} cannot be returned")
     codec = _CODECS[enum]
-    proto = tensor_pb2.TensorProto(dtype=enum, tensor_shape=tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in array.shape]))
+    proto.dtype = enum
+    dims = proto.tensor_shape.dim
+    for size in array.shape:
+        dims.add(size=size)
     flat = array.ravel()
     if enum == _STRING:
         proto.string_val.extend(value if isinstance(value, bytes) else str(value).encode() for value in flat)
@@ -187,7 +202,6 @@ def ndarray_to_proto(array: np.ndarray, as_tensor_content: bool = False) -> tens
         getattr(proto, codec.field).extend(flat.view(codec.via).tolist())
     else:
         getattr(proto, codec.field).extend(flat.tolist())
-    return proto
 
 
 def json_to_ndarray(name: str, value: object, dtype_enum: int) -> np.ndarray:

@@ -31,6 +31,7 @@ log = logging.getLogger("bertserve.server")
 
 _NO_LIMIT = (1 << 63) - 1
 _MESSAGE_BYTES = 512
+_INT32 = np.dtype(np.int32)
 
 
 class TokenLimits:
@@ -129,7 +130,7 @@ class TokenInputRules:
             shapes = {name: tuple(array.shape) for name, array in zip(INPUT_NAMES, arrays)}
             raise invalid_argument(f"input_ids, input_mask and segment_ids must share one [batch, seq] shape, "
                                    f"got {shapes}")
-        if not (ids.dtype == mask.dtype == segments.dtype == np.int32):
+        if not (ids.dtype == mask.dtype == segments.dtype == _INT32):
             wrong = {name: str(array.dtype) for name, array in zip(INPUT_NAMES, arrays) if array.dtype != np.int32}
             raise invalid_argument(f"input_ids, input_mask and segment_ids must be int32, got {wrong}")
         ids, mask, segments = (np.ascontiguousarray(array) for array in arrays)
