@@ -82,9 +82,9 @@ T Get(const char* data) {
 
 class ForwardedCall;
 
-// The link to the main process: frames out from gRPC's threads through a writer thread, frames in on a reader
-// thread. Frames queued while the writer is busy leave together in its next write: under load the main process
-// wakes once for many calls (each wake-up costs its event loop a read and a loop pass).
+// The link to the main process: frames out from gRPC's threads (each written at once when the link is idle, else
+// queued for the writer thread, and frames queued while a write is under way leave together in its next write),
+// frames in on a reader thread.
 class Link {
  public:
   explicit Link(int fd) : fd_(fd), writer_(&Link::WriteFrames, this) {}
