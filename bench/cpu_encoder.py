@@ -23,9 +23,10 @@ and measures a configuration again when other processes took more than 5 % of th
 disturbed of up to 3 attempts is kept; its others_cpu_share is recorded).
 
     python bench/cpu_encoder.py [--batches 1,8,32,128] [--seconds 4] [--attempts 3] [--idle-wait 600]
-                                [--out bench/results/cpu_encoder_<vendor>.json]
+                                [--out bench/results/cpu_encoder_<vendor>[_avx2].json]
 
-The result is named by the CPU's vendor (amd, intel), so that each vendor's machine keeps its own.
+The result is named by the CPU's vendor (amd, intel), and `_avx2` where the CPU lacks AVX-512 (the library's own
+kernels then give way to MKL and the portable bf16 path), so that each kind of machine keeps its own.
 """
 
 from __future__ import annotations
@@ -269,10 +270,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="most measurements of a configuration disturbed by other processes")
     parser.add_argument("--idle-wait", type=float, default=IDLE_WAIT_SECONDS,
                         help="most seconds to wait for idle CPUs before each configuration")
-    parser.add_argument("--out", help="default: bench/results/cpu_encoder_<vendor>.json")
+    parser.add_argument("--out", help="default: bench/results/cpu_encoder_<vendor>[_avx2].json")
     args = parser.parse_args(argv)
     host = machine()
-    out = args.out or os.path.join(os.path.dirname(__file__), "results", f"cpu_encoder_{host['vendor']}.json")
+    kind = host["vendor"] if host["flags_avx512f"] else f"{host['vendor']}_avx2"
+    out = args.out or os.path.join(os.path.dirname(__file__), "results", f"cpu_encoder_{kind}.json")
 
     import onnxruntime
     import tensorflow as tf
