@@ -133,6 +133,7 @@ class Link {
         writing_ = false;
         broken_ = true;
         pending_.clear();
+        queued_.notify_one();
         written_.notify_all();
         return false;
       }
@@ -141,7 +142,7 @@ class Link {
     lock.lock();
     writing_ = false;
     if (sent < frame.size()) pending_.insert(0, frame, sent, std::string::npos);  // ahead of frames queued since
-    if (!pending_.empty()) queued_.notify_one();
+    if (!pending_.empty() || closing_) queued_.notify_one();  // a closing writer waits for this write to end
     written_.notify_all();
     return true;
   }

@@ -85,6 +85,31 @@ def test_calls_spread_over_front_ends_and_answer_as_one_process(server, models_d
     assert _healthy(server.channel)
 
 
+def test_frames_larger_than_the_link_buffer_cross_whole_beside_small_calls(server, models_dir):
+    """A request far larger than the link's socket buffer leaves its front end in pieces (a non-blocking send, the
+    rest through the writer thread) while small calls keep coming on the same link (one connection: one front
+    end): every call reaches the main process whole and in order, so the big ones get the error that names their
+    extra input (their bytes parsed to the end) and the small ones their scores."""
+    small = token_inputs(2, 8, seed=7)
+    expected = direct_scores(os.path.join(models_dir, "tiny", "2"), small)
+    big = predict_request("tiny", {**small, "padding": np.zeros(1 << 20, np.int32)})  # 4 MiB more
+    channel = grpc.insecure_channel(server.target, options=[("grpc.use_local_subchannel_pool", 1)])
+    try:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        calls = [(i % 10 == 0, stub.Predict.future(big if i % 10 == 0 else predict_request("tiny", small),
+                                                   timeout=60)) for i in range(60)]
+        for is_big, future in calls:
+            if is_big:
+                with pytest.raises(grpc.RpcError) as caught:
+                    future.result()
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "Sent extra: {padding}" in caught.value.details()
+            else:
+                np.testing.assert_allclose(tensor(future.result().outputs["scores"]), expected, rtol=1e-5)
+    finally:
+        channel.close()
+
+
 def test_unparsable_bytes_are_invalid_argument_and_fail_no_other_call(server):
     good = predict_request("tiny", token_inputs(2, 8))
     predict = server.channel.unary_unary(PREDICT)
