@@ -279,7 +279,7 @@ struct Tag {
 // thread (one grpc::Alarm per burst of answers) cost a little less CPU but added ~165 us to the median latency.
 //
 // The queue's thread sees its steps complete (the request, the read, the finish) and, once, its end (cancelled or
-// finished: ctx_.AsyncNotifyWhenDone). Whoever takes it out of the CallTable (its answer, its cancellation, the
+// finished: context_.AsyncNotifyWhenDone). Whoever takes it out of the CallTable (its answer, its cancellation, the
 // link's loss) finishes it, so it is finished exactly once; `mutex_` keeps the queue's thread from deleting it
 // while another thread is still starting its finish. It is deleted when both its finish and its end completed.
 class ForwardedCall {
