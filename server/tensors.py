@@ -172,15 +172,9 @@ def decode_inputs(signature, protos: Mapping[str, tensor_pb2.TensorProto]) -> di
     return decoded
 
 
-def ndarray_to_proto(array: np.ndarray, as_tensor_content: bool = False) -> tensor_pb2.TensorProto:
-    """An output as TF Serving returns it: typed fields (Tensor::AsProtoField), or tensor_content on request."""
-    proto = tensor_pb2.TensorProto()
-    fill_tensor_proto(proto, array, as_tensor_content)
-    return proto
-
-
 def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, as_tensor_content: bool = False) -> None:
-    """ndarray_to_proto into an empty TensorProto in place (a response's map entry: no copy of the values)."""
+    """An output as TF Serving returns it, written into an empty TensorProto in place (a response's map entry, so no
+    copy of the values): typed fields (Tensor::AsProtoField), or tensor_content on request."""
     array = np.asarray(array)
     if array.dtype.kind in "OSU":
         enum = _STRING

@@ -11,7 +11,7 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
 from bertserve.server.errors import ServingError
-from bertserve.server.tensors import MAX_EXPANSION_BYTES, ndarray_to_proto, proto_to_ndarray
+from bertserve.server.tensors import MAX_EXPANSION_BYTES, fill_tensor_proto, proto_to_ndarray
 
 ARRAYS = [
     np.arange(6, dtype=np.float32).reshape(2, 3) / 3, np.arange(4, dtype=np.float64) / 7,
@@ -32,7 +32,8 @@ def _info(dtype: int) -> meta_graph_pb2.TensorInfo:
 @pytest.mark.parametrize("tensor_content", [False, True])
 def test_outputs_decode_with_tensorflow_and_requests_decode_like_it(array, tensor_content):
     array = np.asarray(array)
-    proto = ndarray_to_proto(array, tensor_content)
+    proto = tensor_pb2.TensorProto()
+    fill_tensor_proto(proto, array, tensor_content)
     if array.dtype != object and not tensor_content:
         assert not proto.tensor_content  # the typed fields, as Tensor::AsProtoField
     np.testing.assert_array_equal(tf.make_ndarray(proto), array)
