@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 OP_LIB := custom_ops/_bert_ops.so
 OP_SRCS := $(wildcard custom_ops/kernels/*.cc custom_ops/kernels/*.h custom_ops/tf/*.cc custom_ops/tf/*.h)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEBS := bazel-bootstrap bazel-platforms libgrpc++-dev pkg-config
+DEBS := bazel-bootstrap bazel-platforms libgrpc++-dev libprotobuf-dev pkg-config
 BUILD_DEPS := tensorflow==2.21.0 mkl==2026.2.0 mkl-include==2026.2.0
 GPU_BUILD_DEPS := nvidia-cublas==13.10.0.20 nvidia-cutlass==4.2.0.0
 
@@ -35,11 +35,14 @@ $(VENV)/.installed: pyproject.toml setup.py | debs
 
 ops: $(OP_LIB)
 
-# The gRPC front-end processes of `bertserve serve --grpc_front_end_processes=N`, on Debian's gRPC C++ 1.51, linked
-# statically but for glibc: the same file runs on the GPU machine, which has no gRPC C++ (gpu_rig carries it).
-$(FRONT_END): server/cc/front_end_process.cc | debs
-	g++ -O2 -std=c++17 -Wall -Wextra -s -o $@ $< $$(pkg-config --cflags grpc++) -static-libstdc++ -static-libgcc \
-	  -Wl,-Bstatic $$(pkg-config --static --libs-only-l grpc++ | sed 's/-l\(pthread\|dl\|rt\|m\)\b//g') \
+# The gRPC front-end processes of `bertserve serve --grpc_front_end_processes=N`, on Debian's gRPC C++ 1.51 and
+# protobuf 3.21, linked statically but for glibc: the same file runs on the GPU machine, which has neither (gpu_rig
+# carries it).
+FRONT_END_SRCS := server/cc/front_end_process.cc server/cc/predict_codec.cc
+$(FRONT_END): $(FRONT_END_SRCS) server/cc/predict_codec.h | debs
+	g++ -O2 -std=c++17 -Wall -Wextra -s -o $@ $(FRONT_END_SRCS) $$(pkg-config --cflags grpc++ protobuf) \
+	  -static-libstdc++ -static-libgcc -Wl,-Bstatic \
+	  $$(pkg-config --static --libs-only-l grpc++ protobuf | sed 's/-l\(pthread\|dl\|rt\|m\)\b//g') \
 	  -Wl,-Bdynamic -lpthread -ldl -lrt -lm
 
 $(OP_LIB): $(OP_SRCS) setup.py | $(VENV)/.installed

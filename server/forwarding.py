@@ -2,7 +2,10 @@
 
 Calls go one way as (call id, seconds left, arrival time, method name, request bytes) and answers come back as
 (call id, status code, details, response bytes): bytes as gRPC delivered them, never a parsed or pickled protobuf, so a
-hand-off costs a few struct operations and a copy. Frames queued in one pass of the event loop leave in one
+hand-off costs a few struct operations and a copy. Predict calls go taken apart instead (PREDICT: the model spec,
+output filter and each input's dtype, shape and value bytes, which NumPy reads in place) and their successful
+answers come back as arrays (OUTPUTS), which the front end encodes: the protobuf work of the hot path is C++
+(server/cc/predict_codec.h). Frames queued in one pass of the event loop leave in one
 write (a batch's answers, a burst of calls), and a reader parses every whole frame a read brought in.
 
 The front-end end of the link is C++ (server/cc/front_end_process.cc), which keeps the same layouts.
@@ -13,7 +16,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import struct
-from typing import Callable
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from bertserve.server.tensors import RAW_VALUE_DTYPES, RawTensor, dtype_enum_of
 
 LENGTH = struct.Struct("<I")  # bytes that follow the length field: the kind and the body
 # call id, seconds left (negative: no deadline), arrival at the front end (time.monotonic()), method name length
@@ -21,6 +28,19 @@ CALL = struct.Struct("<IddH")
 ANSWER = struct.Struct("<IBI")  # call id, gRPC status code number, length of the details
 CALL_ID = struct.Struct("<I")
 FLAG = struct.Struct("<B")
+# call id, seconds left, arrival, has a version, the version, lengths of the model name, version label and signature
+# name, number of output filter names, number of inputs; then the three names, the filter names (each NAME_LENGTH
+# and its bytes) and the inputs (each TENSOR, its name, its dims as int64, its value bytes)
+PREDICT = struct.Struct("<IddBqHHHHH")
+# name length, dtype, values are tensor_content (else the typed field's), rank, value bytes
+TENSOR = struct.Struct("<HiBBI")
+NAME_LENGTH = struct.Struct("<H")
+# call id, version, encode as tensor_content, lengths of the model name and signature name, number of outputs; then
+# the two names and the outputs, as the inputs of PREDICT
+OUTPUTS = struct.Struct("<IqBHHH")
+MAX_NAME = (1 << 16) - 1
+MAX_RANK = (1 << 8) - 1  # NumPy's arrays have at most 64 dimensions
+_DIMS = [struct.Struct(f"<{rank}q") for rank in range(MAX_RANK + 1)]
 
 
 class Kind(enum.IntEnum):
@@ -30,6 +50,24 @@ class Kind(enum.IntEnum):
     ANSWER = 4  # main -> front end: a call's answer
     HEALTH = 5  # main -> front end: serving (1) or not (0)
     DRAIN = 6  # main -> front end: stop taking calls, finish those in flight, exit
+    PREDICT = 7  # front end -> main: a Predict call, taken apart
+    OUTPUTS = 8  # main -> front end: a PREDICT call's outputs, for the front end to encode as its response
+
+
+_OUTPUTS_KIND = bytes((Kind.OUTPUTS,))
+
+
+class DecodedPredict(NamedTuple):
+    """A PREDICT frame: a PredictRequest as the front end took it apart."""
+    call_id: int
+    seconds_left: float | None
+    arrived: float
+    model_name: str
+    version: int | None
+    version_label: str
+    signature_name: str
+    output_filter: list[str]
+    inputs: dict[str, RawTensor]
 
 
 def _frame(kind: Kind, *parts: bytes) -> list[bytes]:
@@ -43,6 +81,62 @@ def parse_call(frame: bytes, start: int, end: int) -> tuple[int, str, float | No
     payload_start = name_start + name_length
     return (call_id, frame[name_start:payload_start].decode(), None if seconds_left < 0 else seconds_left, arrived,
             frame[payload_start:end])
+
+
+def parse_predict(frame: bytes, start: int, end: int) -> DecodedPredict:
+    """A PREDICT frame's body at frame[start:end]; its value bytes are views of `frame`, not copies."""
+    (call_id, seconds_left, arrived, has_version, version, name_length, label_length, signature_length, filters,
+     inputs) = PREDICT.unpack_from(frame, start)
+    view = memoryview(frame)
+    at = start + PREDICT.size
+    model_name = str(view[at:at + name_length], "utf-8")
+    at += name_length
+    label = str(view[at:at + label_length], "utf-8")
+    at += label_length
+    signature_name = str(view[at:at + signature_length], "utf-8")
+    at += signature_length
+    output_filter = []
+    for _ in range(filters):
+        length, = NAME_LENGTH.unpack_from(frame, at)
+        at += NAME_LENGTH.size
+        output_filter.append(str(view[at:at + length], "utf-8"))
+        at += length
+    tensors = {}
+    for _ in range(inputs):
+        length, dtype, in_content, rank, data_length = TENSOR.unpack_from(frame, at)
+        at += TENSOR.size
+        alias = str(view[at:at + length], "utf-8")
+        at += length
+        dims = _DIMS[rank]
+        shape = list(dims.unpack_from(frame, at))
+        at += dims.size
+        tensors[alias] = RawTensor(dtype, shape, view[at:at + data_length], bool(in_content))
+        at += data_length
+    if at != end:
+        raise ValueError(f"a PREDICT frame of {end - start} bytes describes {at - start}")
+    return DecodedPredict(call_id, None if seconds_left < 0 else seconds_left, arrived, model_name,
+                          version if has_version else None, label, signature_name, output_filter, tensors)
+
+
+def outputs_frame(call_id: int, model_name: str, version: int, signature_name: str, outputs: dict[str, np.ndarray],
+                  as_tensor_content: bool) -> list[bytes] | None:
+    """The OUTPUTS frame of a Predict's result; None when an output is of a dtype the front end does not encode
+    (strings, halves, ...), whose response is then encoded here."""
+    name, signature = model_name.encode(), signature_name.encode()
+    if len(name) > MAX_NAME or len(signature) > MAX_NAME:
+        return None
+    body = [OUTPUTS.pack(call_id, version, as_tensor_content, len(name), len(signature), len(outputs)), name,
+            signature]
+    for alias, array in outputs.items():
+        dtype = dtype_enum_of(array)
+        alias_bytes = alias.encode()
+        if dtype not in RAW_VALUE_DTYPES or len(alias_bytes) > MAX_NAME:
+            return None
+        values = array.tobytes()  # C order, whatever the array's layout
+        body += (TENSOR.pack(len(alias_bytes), dtype, 0, array.ndim, len(values)), alias_bytes,
+                 _DIMS[array.ndim].pack(*array.shape), values)
+    joined = b"".join(body)
+    return [LENGTH.pack(1 + len(joined)), _OUTPUTS_KIND, joined]
 
 
 def answer_frame(call_id: int, code: int, details: str, body: bytes) -> list[bytes]:

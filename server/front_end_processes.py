@@ -5,7 +5,9 @@ request, and one Python process runs it on one core. So N processes of a small C
 (server/cc/front_end_process.cc, built by `make setup`) terminate gRPC on the same port (SO_REUSEPORT) and forward
 each call's bytes here (server/forwarding.py); this process parses and answers them with the same GrpcApi as the
 single-process mode, on the front ends' event loop beside REST, so models, batch queues, the in-flight bound,
-metrics and health stay in one place.
+metrics and health stay in one place. Predict calls, the hot path, come taken apart and leave as arrays: the front
+ends parse and serialize their protobufs (server/cc/predict_codec.h), with the descriptors this process's
+tensorflow_serving.apis package was generated from, handed over on their standard input.
 
 A front-end process that exits or whose link breaks is noticed at once: its calls here are cancelled and it is
 started again. More than MAX_RESTARTS restarts within RESTART_WINDOW_SECONDS, or a replacement that cannot
@@ -32,9 +34,12 @@ import time
 from typing import Callable
 
 import grpc
+from google.protobuf import descriptor_pb2
+from tensorflow_serving.apis import predict_pb2
 
 from bertserve.server import forwarding
-from bertserve.server.forwarding import FrameLink, Kind
+from bertserve.server.forwarding import DecodedPredict, FrameLink, Kind
+from bertserve.server.grpc_front_end import RpcAnswer
 from bertserve.server.grpc_service import GrpcApi
 
 log = logging.getLogger("bertserve.server")
@@ -45,6 +50,22 @@ MAX_RESTARTS, RESTART_WINDOW_SECONDS = 5, 60.0
 EXIT_MARGIN_SECONDS = 5.0
 # Far above a read's normal delay (under a millisecond) and the pauses of a version swap under load (tens of ms).
 LINK_BACKLOG_LIMIT_SECONDS = 0.1
+
+
+def predict_descriptor_set() -> bytes:
+    """TF Serving's predict.proto and its imports as a FileDescriptorSet, imports before the files that use them."""
+    files, seen = descriptor_pb2.FileDescriptorSet(), set()
+
+    def add(file) -> None:
+        if file.name in seen:
+            return
+        seen.add(file.name)
+        for dependency in file.dependencies:
+            add(dependency)
+        file.CopyToProto(files.file.add())
+
+    add(predict_pb2.DESCRIPTOR)
+    return files.SerializeToString()
 
 
 @dataclasses.dataclass
@@ -85,6 +106,7 @@ class FrontEndProcesses:
         self._restarts: list[float] = []
         self._serving = False
         self._stopping = False
+        self._descriptor_set = predict_descriptor_set()
 
     async def start(self) -> None:
         """Starts every front end and waits until each listens; OSError (after stopping them) if one cannot."""
@@ -134,9 +156,11 @@ class FrontEndProcesses:
                 # a UNIX socket cannot be shared: the first front end serves it
                 f"--grpc_socket_path={self.unix_socket if index == 0 else ''}",
                 f"--drain_grace_seconds={self.drain_grace_seconds}", f"--methods={','.join(self.api.methods)}",
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                pass_fds=(theirs.fileno(),), stdin=subprocess.PIPE)
         finally:
             theirs.close()
+        process.stdin.write(self._descriptor_set)
+        process.stdin.close()  # the end of the descriptors; a front end that exits early is its watcher's to report
         front_end = _FrontEnd(index, process, loop.create_future())
         try:
             front_end.pidfd = os.pidfd_open(process.pid)
@@ -159,23 +183,49 @@ class FrontEndProcesses:
             raise OSError(f"gRPC front-end processes not listening after {START_TIMEOUT_SECONDS:.0f} s") from None
 
     def _on_frame(self, front_end: _FrontEnd, kind: Kind, frame: bytes, start: int, end: int) -> None:
-        if kind == Kind.CALL:
+        if kind == Kind.PREDICT:
+            call = forwarding.parse_predict(frame, start, end)
+            if not self._refused_as_late(front_end, call.call_id, call.arrived):
+                front_end.calls[call.call_id] = asyncio.get_running_loop().create_task(
+                    self._answer_decoded(front_end, call))
+        elif kind == Kind.CALL:
             call_id, method, seconds_left, arrived, payload = forwarding.parse_call(frame, start, end)
-            waited = time.monotonic() - arrived
-            if waited > LINK_BACKLOG_LIMIT_SECONDS and self.api.is_inference(method):
-                front_end.link.send(forwarding.answer_frame(
-                    call_id, grpc.StatusCode.UNAVAILABLE.value[0],
-                    f"The server is overloaded: this request waited {waited * 1e3:.0f} ms for the server to read "
-                    f"it (limit {LINK_BACKLOG_LIMIT_SECONDS * 1e3:.0f} ms); retry later", b""))
-                return
-            front_end.calls[call_id] = asyncio.get_running_loop().create_task(
-                self._answer(front_end, call_id, method, payload, seconds_left))
+            if not (self.api.is_inference(method) and self._refused_as_late(front_end, call_id, arrived)):
+                front_end.calls[call_id] = asyncio.get_running_loop().create_task(
+                    self._answer(front_end, call_id, method, payload, seconds_left))
         elif kind == Kind.CANCEL:
             task = front_end.calls.pop(forwarding.CALL_ID.unpack_from(frame, start)[0], None)
             if task is not None:
                 task.cancel()
         elif kind == Kind.READY and not front_end.ready.done():
             front_end.ready.set_result(None)
+
+    def _refused_as_late(self, front_end: _FrontEnd, call_id: int, arrived: float) -> bool:
+        """Refuses an inference call UNAVAILABLE when it waited in the link past LINK_BACKLOG_LIMIT_SECONDS."""
+        waited = time.monotonic() - arrived
+        if waited <= LINK_BACKLOG_LIMIT_SECONDS:
+            return False
+        front_end.link.send(forwarding.answer_frame(
+            call_id, grpc.StatusCode.UNAVAILABLE.value[0],
+            f"The server is overloaded: this request waited {waited * 1e3:.0f} ms for the server to read it "
+            f"(limit {LINK_BACKLOG_LIMIT_SECONDS * 1e3:.0f} ms); retry later", b""))
+        return True
+
+    async def _answer_decoded(self, front_end: _FrontEnd, call: DecodedPredict) -> None:
+        try:
+            result = await self.api.answer_decoded(call)
+        finally:
+            front_end.calls.pop(call.call_id, None)
+        if isinstance(result, RpcAnswer):
+            front_end.link.send(forwarding.answer_frame(call.call_id, *result))
+            return
+        predictor = self.api.predictor
+        frame = forwarding.outputs_frame(call.call_id, result.model_name, result.version, result.signature_name,
+                                         result.outputs, predictor.tensor_content)
+        if frame is None:  # outputs the front end does not encode
+            frame = forwarding.answer_frame(call.call_id, grpc.StatusCode.OK.value[0], "",
+                                            predictor.predict_response(result).SerializeToString())
+        front_end.link.send(frame)
 
     async def _answer(self, front_end: _FrontEnd, call_id: int, method: str, payload: bytes,
                       seconds_left: float | None) -> None:

@@ -22,25 +22,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Awaitable, Callable, Iterator
+from typing import Awaitable, Callable, Iterator, Mapping
 
 import grpc
 from google.protobuf import message, message_factory
+from tensorflow.core.framework import tensor_pb2
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_management_pb2,
                                      model_service_pb2, prediction_service_pb2)
 
 from bertserve.server.errors import ServingError, from_exception, invalid_argument, unavailable
+from bertserve.server.forwarding import DecodedPredict
 from bertserve.server.grpc_front_end import RpcAnswer
 from bertserve.server.inference import classify, multi_inference, regress
 from bertserve.server.manager import ModelManager
-from bertserve.server.predict import Predictor
-from bertserve.server.tensors import decode_inputs
+from bertserve.server.predict import PredictResult, Predictor
+from bertserve.server.tensors import RawTensor, decode_inputs
 
 log = logging.getLogger("bertserve.server")
 SIGNATURE_DEF_FIELD = "signature_def"
 SERVICES = (prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
             model_service_pb2.DESCRIPTOR.services_by_name["ModelService"])
 OK = grpc.StatusCode.OK.value[0]
+PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
 
 
 def _version_and_label(request) -> tuple[int | None, str | None]:
@@ -50,10 +53,13 @@ def _version_and_label(request) -> tuple[int | None, str | None]:
     model_spec = request.model_spec
     if not model_spec.name:
         raise invalid_argument("ModelSpec has no name specified.")
-    has_version = model_spec.HasField("version")
-    if has_version and model_spec.version_label:
+    return _one_of(model_spec.version.value if model_spec.HasField("version") else None, model_spec.version_label)
+
+
+def _one_of(version: int | None, label: str) -> tuple[int | None, str | None]:
+    if version is not None and label:
         raise invalid_argument("model_spec may set version or version_label, not both")
-    return (model_spec.version.value if has_version else None), (model_spec.version_label or None)
+    return version, (label or None)
 
 
 def model_metadata(manager: ModelManager, name: str, version: int | None, label: str | None,
@@ -74,6 +80,13 @@ def model_metadata(manager: ModelManager, name: str, version: int | None, label:
         response.metadata[SIGNATURE_DEF_FIELD].Pack(signature_map)
         return response
 
+
+
+def _failed(method: str, exc: Exception) -> RpcAnswer:
+    error = from_exception(exc)
+    if not isinstance(exc, ServingError):
+        log.exception("%s failed", method)
+    return RpcAnswer(error.code.value[0], error.message, b"")
 
 
 Handler = Callable[[message.Message, "float | None"], Awaitable[message.Message]]
@@ -122,11 +135,17 @@ class GrpcApi:
                                        f"({len(payload)} bytes): {exc}") from exc
             response = await handler(request, deadline)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the call's status, never a crash
-            error = from_exception(exc)
-            if not isinstance(exc, ServingError):
-                log.exception("%s failed", method)
-            return RpcAnswer(error.code.value[0], error.message, b"")
+            return _failed(method, exc)
         return RpcAnswer(OK, "", response.SerializeToString())
+
+    async def answer_decoded(self, call: DecodedPredict) -> RpcAnswer | PredictResult:
+        """Runs a Predict a front end took apart: its result, for the front end to encode, or its failure."""
+        deadline = None if call.seconds_left is None else time.monotonic() + call.seconds_left
+        try:
+            return await self._predict_result(call.model_name, *_one_of(call.version, call.version_label),
+                                              call.signature_name, call.inputs, call.output_filter, deadline)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes the call's status, never a crash
+            return _failed(PREDICT_METHOD, exc)
 
     @contextlib.contextmanager
     def admitted(self) -> Iterator[None]:
@@ -140,14 +159,19 @@ class GrpcApi:
             self._in_flight -= 1
 
     async def predict(self, request, deadline: float | None):
-        version, label = _version_and_label(request)
-        with self.admitted():
-            result = await self.predictor.predict(
-                model_name=request.model_spec.name, version=version, label=label,
-                signature_name=request.model_spec.signature_name,
-                inputs_of=lambda signature: decode_inputs(signature, request.inputs),
-                output_filter=list(request.output_filter), deadline=deadline, entrypoint="GRPC")
+        result = await self._predict_result(request.model_spec.name, *_version_and_label(request),
+                                            request.model_spec.signature_name, request.inputs,
+                                            list(request.output_filter), deadline)
         return self.predictor.predict_response(result)
+
+    async def _predict_result(self, model_name: str, version: int | None, label: str | None, signature_name: str,
+                              inputs: Mapping[str, tensor_pb2.TensorProto | RawTensor], output_filter: list[str],
+                              deadline: float | None) -> PredictResult:
+        with self.admitted():
+            return await self.predictor.predict(
+                model_name=model_name, version=version, label=label, signature_name=signature_name,
+                inputs_of=lambda signature: decode_inputs(signature, inputs), output_filter=output_filter,
+                deadline=deadline, entrypoint="GRPC")
 
     async def get_model_metadata(self, request, deadline: float | None):
         version, label = _version_and_label(request)

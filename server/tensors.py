@@ -7,6 +7,10 @@ checked first against the signature's dtype, then its declared size against what
 declare at most MAX_EXPANSION_BYTES more than it carries, and at most MAX_TENSOR_ELEMENTS elements, counting an
 empty tensor's other dimensions. Only then is it decoded, with NumPy (no TensorFlow converters on the hot path).
 
+A gRPC front-end process hands Predict inputs over already taken apart (server/cc/predict_codec.h): a RawTensor
+holds a TensorProto's dtype, declared shape and the bytes of its tensor_content or typed field, and goes through
+the same checks and the same decoding as the TensorProto would.
+
 Outputs are encoded as TF Serving encodes them: the typed fields (float_val, int_val, ...: Tensor::AsProtoField)
 unless --enable_serialization_as_tensor_content asks for tensor_content.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -63,6 +67,8 @@ _CODECS: dict[int, _Codec] = {
                                     via=np.dtype(np.float64)),
     _STRING: _Codec(None, "string_val"),
 }
+# The dtypes whose typed-field values a front end hands over as raw bytes: the field holds the dtype itself.
+RAW_VALUE_DTYPES = frozenset({types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE, types_pb2.DT_INT32, types_pb2.DT_INT64})
 _ENUM_BY_NUMPY: dict[np.dtype, int] = {codec.np_dtype: enum for enum, codec in _CODECS.items()
                                        if codec.np_dtype is not None}
 _REF_OFFSET = 100  # DT_FLOAT_REF == DT_FLOAT + 100: a reference-typed tensor carries values of its base type
@@ -80,9 +86,21 @@ def base_dtype(dtype_enum: int) -> int:
     return dtype_enum - _REF_OFFSET if dtype_enum > _REF_OFFSET else dtype_enum
 
 
+class RawTensor(NamedTuple):
+    """A request tensor as a front end took it apart: its values are `data`, the bytes of its tensor_content
+    (`in_content`) or of its typed field's values (float_val, double_val, int_val or int64_val, little-endian)."""
+    dtype: int
+    dims: list[int]
+    data: memoryview
+    in_content: bool
+
+
 def _declared_dims(alias: str, shape: tensor_shape_pb2.TensorShapeProto) -> list[int]:
-    dims = [d.size for d in shape.dim]
-    if shape.unknown_rank or (dims and min(dims) < 0):
+    return _checked_dims(alias, [d.size for d in shape.dim], shape.unknown_rank)
+
+
+def _checked_dims(alias: str, dims: list[int], unknown_rank: bool = False) -> list[int]:
+    if unknown_rank or (dims and min(dims) < 0):
         raise invalid_argument(f"input tensor '{alias}' has an unknown or negative dimension: {dims}")
     if len(dims) > MAX_RANK:
         raise invalid_argument(f"input tensor '{alias}' has rank {len(dims)}, more than {MAX_RANK}")
@@ -116,23 +134,11 @@ def check_dtype(alias: str, info: meta_graph_pb2.TensorInfo, dtype_enum: int) ->
 
 def proto_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, proto: tensor_pb2.TensorProto) -> np.ndarray:
     """Decodes one request tensor for a signature input: dtype, then size, then values. Errors name the input."""
-    dtype_enum = proto.dtype
-    if dtype_enum != info.dtype:  # the common case (equal) costs one comparison; check_dtype covers ref types
-        check_dtype(alias, info, dtype_enum)
-    codec = _CODECS.get(dtype_enum)
-    if codec is None:
-        raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(dtype_enum)} is not supported")
+    codec = _input_codec(alias, info, proto.dtype)
     dims = _declared_dims(alias, proto.tensor_shape)
     content = proto.tensor_content  # each read of the field copies its bytes
     if content:
-        if codec.np_dtype is None:
-            raise invalid_argument(f"input tensor '{alias}': string tensors must carry their values in string_val")
-        itemsize = codec.itemsize
-        count = _check_size(alias, dims, len(content) // itemsize, itemsize)
-        if len(content) != count * itemsize:
-            raise invalid_argument(f"input tensor '{alias}': tensor_content holds {len(content)} bytes, "
-                                   f"shape {dims} of {dtype_name(dtype_enum)} needs {count * itemsize}")
-        return np.frombuffer(content, dtype=codec.np_dtype).reshape(dims)
+        return _from_content(alias, proto.dtype, codec, dims, content)
     field = getattr(proto, codec.field)
     carried, extra = divmod(len(field), codec.per_element)
     count = _check_size(alias, dims, carried, codec.itemsize)
@@ -141,14 +147,54 @@ def proto_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, proto: tensor_
     if codec.np_dtype is None:
         values = np.empty(carried, dtype=object)
         values[:] = list(field)
-        fill = b""
     else:
         values = _typed_values(alias, field, codec)
-        fill = 0
-    if carried < count:  # TensorFlow's Tensor::FromProto: the last value repeats, zeros if there is none
-        padding = np.full(count - carried, values[-1] if carried else fill, dtype=values.dtype)
-        values = np.concatenate([values, padding])
-    return values.reshape(dims)
+    return _filled(values, count, codec).reshape(dims)
+
+
+def raw_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, tensor: RawTensor) -> np.ndarray:
+    """proto_to_ndarray for a tensor a front end took apart: the same checks, errors and result."""
+    codec = _input_codec(alias, info, tensor.dtype)
+    dims = _checked_dims(alias, tensor.dims)
+    if tensor.in_content:
+        return _from_content(alias, tensor.dtype, codec, dims, tensor.data)
+    if tensor.dtype not in RAW_VALUE_DTYPES:
+        raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(tensor.dtype)} cannot come as raw values")
+    carried = len(tensor.data) // codec.itemsize
+    count = _check_size(alias, dims, carried, codec.itemsize)
+    if len(tensor.data) % codec.itemsize or carried > count:
+        raise invalid_argument(f"tensor parsing error: {alias} ({carried} values for shape {dims})")
+    return _filled(np.frombuffer(tensor.data, dtype=codec.np_dtype), count, codec).reshape(dims)
+
+
+def _input_codec(alias: str, info: meta_graph_pb2.TensorInfo, dtype_enum: int) -> _Codec:
+    if dtype_enum != info.dtype:  # the common case (equal) costs one comparison; check_dtype covers ref types
+        check_dtype(alias, info, dtype_enum)
+    codec = _CODECS.get(dtype_enum)
+    if codec is None:
+        raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(dtype_enum)} is not supported")
+    return codec
+
+
+def _from_content(alias: str, dtype_enum: int, codec: _Codec, dims: list[int], content) -> np.ndarray:
+    if codec.np_dtype is None:
+        raise invalid_argument(f"input tensor '{alias}': string tensors must carry their values in string_val")
+    itemsize = codec.itemsize
+    count = _check_size(alias, dims, len(content) // itemsize, itemsize)
+    if len(content) != count * itemsize:
+        raise invalid_argument(f"input tensor '{alias}': tensor_content holds {len(content)} bytes, "
+                               f"shape {dims} of {dtype_name(dtype_enum)} needs {count * itemsize}")
+    return np.frombuffer(content, dtype=codec.np_dtype).reshape(dims)
+
+
+def _filled(values: np.ndarray, count: int, codec: _Codec) -> np.ndarray:
+    """TensorFlow's Tensor::FromProto: a tensor carrying fewer values than its shape repeats the last one, or
+    zeros (empty strings) if it carries none."""
+    carried = len(values)
+    if carried >= count:
+        return values
+    fill = values[-1] if carried else (b"" if codec.np_dtype is None else 0)
+    return np.concatenate([values, np.full(count - carried, fill, dtype=values.dtype)])
 
 
 def _typed_values(alias: str, field, codec: _Codec) -> np.ndarray:
@@ -162,28 +208,36 @@ def _typed_values(alias: str, field, codec: _Codec) -> np.ndarray:
     return values.view(codec.np_dtype) if codec.via is not None else values
 
 
-def decode_inputs(signature, protos: Mapping[str, tensor_pb2.TensorProto]) -> dict[str, np.ndarray]:
+def decode_inputs(signature, tensors: Mapping[str, tensor_pb2.TensorProto | RawTensor]) -> dict[str, np.ndarray]:
     """A request's inputs (signature defaults filling absent ones), names checked before anything is decoded."""
-    signature.check_input_names(list(protos))
+    signature.check_input_names(list(tensors))
     decoded = {}
     for alias, info in signature.inputs.items():
-        proto = protos.get(alias)  # one map lookup: each builds a message wrapper
-        decoded[alias] = proto_to_ndarray(alias, info, signature.defaults[alias] if proto is None else proto)
+        tensor = tensors.get(alias)  # one map lookup: each builds a message wrapper
+        if tensor is None:
+            decoded[alias] = proto_to_ndarray(alias, info, signature.defaults[alias])
+        elif type(tensor) is RawTensor:
+            decoded[alias] = raw_to_ndarray(alias, info, tensor)
+        else:
+            decoded[alias] = proto_to_ndarray(alias, info, tensor)
     return decoded
+
+
+def dtype_enum_of(array: np.ndarray) -> int | None:
+    """The TensorFlow dtype an array is returned as (strings and objects as DT_STRING); None if there is none."""
+    return _STRING if array.dtype.kind in "OSU" else _ENUM_BY_NUMPY.get(array.dtype)
 
 
 def fill_tensor_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, as_tensor_content: bool = False) -> None:
     """An output as TF Serving returns it, written into an empty TensorProto in place (a response's map entry, so no
     copy of the values): typed fields (Tensor::AsProtoField), or tensor_content on request."""
     array = np.asarray(array)
-    if array.dtype.kind in "OSU":
-        enum = _STRING
-    else:
-        enum = _ENUM_BY_NUMPY.get(array.dtype)
-        if enum is None:
-            raise invalid_argument(f"output dtype {array.dtype} cannot be returned")
+    enum = dtype_enum_of(array)
+    if enum is None:
+        raise invalid_argument(f"output dtype {array.dtype} cannot be returned")
     codec = _CODECS[enum]
     proto.dtype = enum
+    proto.tensor_shape.SetInParent()  # a scalar's empty shape is still set, as Tensor::AsProtoField sets it
     dims = proto.tensor_shape.dim
     for size in array.shape:
         dims.add(size=size)

@@ -11,8 +11,12 @@
 // process, which drains the front ends itself); DRAIN makes it finish its calls in flight within the grace and
 // exit 0; a lost link (the main process is gone) makes it exit 1 at once; a port it cannot listen on, 3.
 //
+// Predict requests are taken apart here and their responses put together here (server/cc/predict_codec.h), so the
+// main process's Python handles arrays, not protobufs; every other call goes over as its bytes.
+//
 // Run by the main process as `bertserve_front_end --link_fd=FD --index=I --port=P --grpc_socket_path=PATH
-// --drain_grace_seconds=S --methods=/pkg.Service/Method,...`.
+// --drain_grace_seconds=S --methods=/pkg.Service/Method,...`, with the serialized FileDescriptorSet of TF Serving's
+// predict.proto on its standard input (empty: every call goes over as bytes).
 
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -20,6 +24,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include "predict_codec.h"
 
 #include <algorithm>
 #include <atomic>
@@ -50,10 +56,14 @@ constexpr int kExitCannotListen = 3;
 constexpr int kExitBadArguments = 2;
 
 // Frame kinds and layouts: server/forwarding.py (little-endian, packed).
-enum Kind : uint8_t { kCall = 1, kCancel = 2, kReady = 3, kAnswer = 4, kHealth = 5, kDrain = 6 };
+enum Kind : uint8_t {
+  kCall = 1, kCancel = 2, kReady = 3, kAnswer = 4, kHealth = 5, kDrain = 6, kPredict = 7, kOutputs = 8
+};
 constexpr size_t kLengthSize = 4;     // <I: bytes after the length field (kind + body)
 constexpr size_t kCallHeader = 14;    // <IdH: call id, seconds left (negative: none), method name length
 constexpr size_t kAnswerHeader = 9;   // <IBI: call id, status code, details length
+constexpr size_t kMaxDescriptorSet = 16 << 20;
+const char kPredictMethod[] = "/tensorflow.serving.PredictionService/Predict";
 // Health services answered as the Python front end answers them (server/grpc_front_end.py HEALTH_SERVICES).
 const char* const kHealthServices[] = {"", "tensorflow.serving.PredictionService",
                                        "tensorflow.serving.ModelService"};
@@ -285,8 +295,9 @@ struct Tag {
 class ForwardedCall {
  public:
   static void Start(grpc::AsyncGenericService* service, grpc::ServerCompletionQueue* queue, Link* link,
-                    CallTable* table, const std::unordered_set<std::string>* methods) {
-    auto* call = new ForwardedCall(service, queue, link, table, methods);
+                    CallTable* table, const std::unordered_set<std::string>* methods,
+                    const bertserve::PredictCodec* codec) {
+    auto* call = new ForwardedCall(service, queue, link, table, methods, codec);
     call->context_.AsyncNotifyWhenDone(&call->end_tag_);
     service->RequestCall(&call->context_, &call->stream_, queue, queue, &call->step_tag_);
   }
@@ -314,7 +325,7 @@ class ForwardedCall {
           return;
         }
         started_ = true;
-        Start(service_, queue_, link_, table_, methods_);  // the next call
+        Start(service_, queue_, link_, table_, methods_, codec_);  // the next call
         if (methods_->count(context_.method()) == 0) {  // as gRPC answers a method nobody serves
           Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "Method not found!"));
           return;
@@ -356,8 +367,8 @@ class ForwardedCall {
   enum State { kRequested, kReading, kWaiting, kFinishing };
 
   ForwardedCall(grpc::AsyncGenericService* service, grpc::ServerCompletionQueue* queue, Link* link, CallTable* table,
-                const std::unordered_set<std::string>* methods)
-      : service_(service), queue_(queue), link_(link), table_(table), methods_(methods) {}
+                const std::unordered_set<std::string>* methods, const bertserve::PredictCodec* codec)
+      : service_(service), queue_(queue), link_(link), table_(table), methods_(methods), codec_(codec) {}
 
   void Finish(const grpc::Status& status) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -380,11 +391,26 @@ class ForwardedCall {
     // When the request arrived, on the clock Python's time.monotonic() reads (CLOCK_MONOTONIC): the main process
     // refuses calls that waited too long in the link, so a backlog there stays bounded.
     Put<double>(&head, std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count());
-    Put<uint16_t>(&head, static_cast<uint16_t>(method.size()));
-    head.append(method);
-    if (!link_->Send(kCall, head, payload) && table_->Take(id_) != nullptr) {
-      FailUnavailable();
+    bool sent;
+    if (Decoded(method, payload, &head)) {
+      sent = link_->Send(kPredict, head);
+    } else {
+      Put<uint16_t>(&head, static_cast<uint16_t>(method.size()));
+      head.append(method);
+      sent = link_->Send(kCall, head, payload);
     }
+    if (!sent && table_->Take(id_) != nullptr) FailUnavailable();
+  }
+
+  // Appends the PREDICT frame's body to `head` when this is a Predict the codec takes apart.
+  bool Decoded(const std::string& method, const std::vector<grpc::Slice>& payload, std::string* head) const {
+    if (codec_ == nullptr || method != kPredictMethod) return false;
+    if (payload.size() == 1) {
+      return codec_->DecodeRequest(reinterpret_cast<const char*>(payload[0].begin()), payload[0].size(), head);
+    }
+    std::string joined;
+    for (const grpc::Slice& slice : payload) joined.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    return codec_->DecodeRequest(joined.data(), joined.size(), head);
   }
 
   void DeleteIfDone() {
@@ -406,6 +432,7 @@ class ForwardedCall {
   Link* link_;
   CallTable* table_;
   const std::unordered_set<std::string>* methods_;
+  const bertserve::PredictCodec* codec_;  // null: every call goes over as bytes
   grpc::GenericServerContext context_;
   grpc::GenericServerAsyncReaderWriter stream_{&context_};
   grpc::ByteBuffer request_, response_;
@@ -418,9 +445,9 @@ class ForwardedCall {
 
 // Serves the completion queue until it is shut down and drained.
 void ServeCalls(grpc::AsyncGenericService* service, grpc::ServerCompletionQueue* queue, Link* link, CallTable* table,
-                const std::unordered_set<std::string>* methods) {
+                const std::unordered_set<std::string>* methods, const bertserve::PredictCodec* codec) {
   constexpr int kCallsRequested = 32;  // calls gRPC may start before this thread gets to them
-  for (int i = 0; i < kCallsRequested; ++i) ForwardedCall::Start(service, queue, link, table, methods);
+  for (int i = 0; i < kCallsRequested; ++i) ForwardedCall::Start(service, queue, link, table, methods, codec);
   void* tag;
   bool ok;
   while (queue->Next(&tag, &ok)) {
@@ -485,8 +512,9 @@ void SetHealth(grpc::Server* server, bool serving) {
 }
 
 // Reads the main process's frames until the link closes: answers, health, drain.
-void ReadFrames(Link* link, CallTable* table, std::atomic<grpc::Server*>* server, std::atomic<int>* health,
-                Ending* ending) {
+void ReadFrames(Link* link, CallTable* table, const bertserve::PredictCodec* codec,
+                std::atomic<grpc::Server*>* server, std::atomic<int>* health, Ending* ending) {
+  std::string response;
   Kind kind;
   std::string body;
   while (link->Receive(&kind, &body)) {
@@ -500,6 +528,16 @@ void ReadFrames(Link* link, CallTable* table, std::atomic<grpc::Server*>* server
       const char* details = body.data() + kAnswerHeader;
       call->Answer(code, std::string(details, details_size), details + details_size,
                    body.size() - kAnswerHeader - details_size);
+    } else if (kind == kOutputs && codec != nullptr && body.size() >= sizeof(uint32_t)) {
+      ForwardedCall* call = table->Take(Get<uint32_t>(body.data()));
+      if (call == nullptr) continue;  // cancelled meanwhile
+      response.clear();
+      if (codec->EncodeResponse(body.data() + sizeof(uint32_t), body.size() - sizeof(uint32_t), &response)) {
+        call->Answer(0, "", response.data(), response.size());
+      } else {
+        call->Answer(static_cast<uint8_t>(grpc::StatusCode::INTERNAL), "the server sent a malformed Predict answer",
+                     nullptr, 0);
+      }
     } else if (kind == kHealth && !body.empty()) {
       health->store(body[0] ? 1 : 0);
       grpc::Server* running = server->load();
@@ -514,6 +552,24 @@ void ReadFrames(Link* link, CallTable* table, std::atomic<grpc::Server*>* server
   std::lock_guard<std::mutex> lock(ending->mutex);
   ending->lost = true;
   ending->changed.notify_all();
+}
+
+// The Predict codec from the descriptor set on standard input; null (calls go over as bytes) when there is none.
+std::unique_ptr<bertserve::PredictCodec> ReadCodec() {
+  std::string descriptors;
+  char buffer[65536];
+  while (descriptors.size() <= kMaxDescriptorSet) {
+    ssize_t got = ::read(STDIN_FILENO, buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    descriptors.append(buffer, static_cast<size_t>(got));
+  }
+  std::string error;
+  std::unique_ptr<bertserve::PredictCodec> codec = bertserve::PredictCodec::Create(descriptors, &error);
+  if (codec == nullptr && !descriptors.empty()) {
+    Log("WARNING", "Predict requests go to the main process as bytes: " + error);
+  }
+  return codec;
 }
 
 }  // namespace
@@ -531,6 +587,7 @@ int main(int argc, char** argv) {
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles (a few % of this process's CPU under load).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
+  std::unique_ptr<bertserve::PredictCodec> codec = ReadCodec();
   Link link(args.link_fd);
   CallTable table;
   Ending ending;
@@ -559,8 +616,8 @@ int main(int argc, char** argv) {
       std::_Exit(kExitCannotListen);
     }
   }
-  std::thread calls(ServeCalls, &service, queue.get(), &link, &table, &args.methods);
-  std::thread reader(ReadFrames, &link, &table, &server_for_reader, &health, &ending);
+  std::thread calls(ServeCalls, &service, queue.get(), &link, &table, &args.methods, codec.get());
+  std::thread reader(ReadFrames, &link, &table, codec.get(), &server_for_reader, &health, &ending);
   SetHealth(server.get(), health.load() != 0);
   server_for_reader.store(server.get());
   SetHealth(server.get(), health.load() != 0);  // a HEALTH frame may have come in between

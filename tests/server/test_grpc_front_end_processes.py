@@ -319,7 +319,13 @@ def _request_cases() -> dict[str, predict_pb2.PredictRequest]:
     cases["output_filter"].output_filter.append("scores")
     for name, proto in _typed(good).items():
         cases["typed_fields"].inputs[name].CopyFrom(proto)
+    cases["typed_last_value_repeats"] = predict_request("tiny", {})
+    for name, value in good.items():
+        cases["typed_last_value_repeats"].inputs[name].CopyFrom(_typed({name: value})[name])
+        del cases["typed_last_value_repeats"].inputs[name].int_val[1:]
     cases["wrong_dtype"] = predict_request("tiny", {**good, "input_ids": good["input_ids"].astype(np.float32)})
+    cases["int64_ids"] = predict_request("tiny", {**good, "input_ids": good["input_ids"].astype(np.int64)})
+    cases["string_ids"] = predict_request("tiny", {**good, "input_ids": np.array([[b"a"] * 8] * 2)})
     cases["short_content"] = predict_request("tiny", good)
     cases["short_content"].inputs["input_mask"].tensor_content = good["input_mask"].tobytes()[:-4]
     cases["negative_dim"] = predict_request("tiny", good)
@@ -340,7 +346,8 @@ def _request_cases() -> dict[str, predict_pb2.PredictRequest]:
 @pytest.mark.parametrize("case", sorted(_request_cases()))
 def test_predict_through_front_ends_answers_as_in_one_process(server, tiny_server, case):
     """Answers, and an error's code and text, are the single-process server's (tiny_server), for good requests
-    and for each kind of bad one."""
+    and for each kind of bad one: those the front ends take apart (tests/server/test_predict_codec.py) and those
+    they forward as bytes (strings)."""
     request = _request_cases()[case]
 
     def outcome(target):
