@@ -174,3 +174,23 @@ def test_request_whose_deadline_passed_in_the_queue_is_dropped(signature, make_q
         late.result()
     assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert len(run.batches) == 1  # the expired request never reached the model
+
+
+@pytest.mark.parametrize("case", ["int32 rows", "padding", "first part empty", "strided part", "strings", "floats 3d"])
+def test_batch_inputs_stack_as_numpy_concatenates_them(case):
+    """The merged batch input (bytes joined, so the GIL is kept) is np.concatenate's, padding rows included."""
+    from bertserve.server.batcher import _stacked
+
+    rng = np.random.default_rng(3)
+    parts, extra = {
+        "int32 rows": ([rng.integers(0, 99, (n, 32), dtype=np.int32) for n in (1, 32, 7)], 0),
+        "padding": ([rng.integers(0, 99, (n, 4), dtype=np.int32) for n in (3, 2)], 11),
+        "first part empty": ([np.zeros((0, 4), np.int64), np.ones((2, 4), np.int64)], 3),
+        "strided part": ([np.arange(40, dtype=np.int32).reshape(5, 8)[:, ::2], np.ones((1, 4), np.int32)], 2),
+        "strings": ([np.array([b"a", b"bc"], dtype=object), np.array([b"d"], dtype=object)], 1),
+        "floats 3d": ([rng.standard_normal((n, 2, 3)).astype(np.float32) for n in (2, 1)], 5),
+    }[case]
+    expected = np.concatenate(parts + ([np.repeat(parts[0][:1], extra, axis=0)] if extra else []), axis=0)
+    stacked = _stacked(parts, extra)
+    assert stacked.dtype == expected.dtype and stacked.shape == expected.shape
+    np.testing.assert_array_equal(stacked, expected)
