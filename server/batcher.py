@@ -21,8 +21,8 @@ deadlines, TF Serving's queue-full and padding semantics, and the batch-size met
 enqueue and one wake-up of its waiter; the model runs once per batch.
 
 A submitted request is a `Submission`: its pieces and one `notify` callback, run on the batch thread once every
-piece is answered. The front ends' event loop waits with `wait_async` (the callback wakes the loop; no thread
-waits per request), tests and in-process drivers with `wait_for` (a threading.Event).
+piece is answered. The front ends' event loop submits with `submit_on_loop` (the callback wakes the loop; no
+thread waits per request), tests and in-process drivers wait with `wait_for` (a threading.Event).
 """
 
 from __future__ import annotations
@@ -459,45 +459,63 @@ class _LoopInbox:
         with self._lock:
             pending, self._pending = self._pending, []
         for callback in pending:
-            callback()
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one answer's failure must not lose the others of its batch
+                log.exception("answering a request failed")
 
 
 _inboxes: dict[asyncio.AbstractEventLoop, _LoopInbox] = {}
 
 
 def _inbox(loop: asyncio.AbstractEventLoop) -> _LoopInbox:
-    """The loop's inbox; made on the loop's own thread (wait_async), so never twice for one loop."""
+    """The loop's inbox; made on the loop's own thread (submit_on_loop), so never twice for one loop."""
     inbox = _inboxes.get(loop)
     if inbox is None:
         inbox = _inboxes[loop] = _LoopInbox(loop)
     return inbox
 
 
-async def wait_async(queue: BatchingQueue, inputs: Tensors, size: int, deadline: float | None) -> Tensors:
-    """Submits and awaits the answer on the running event loop: no thread is held while the request is queued,
-    and the batch thread wakes the loop once per batch (_LoopInbox). Raises ServingError; a waiter that times out
-    or is cancelled (the client went away) abandons its pieces."""
+def submit_on_loop(queue: BatchingQueue, inputs: Tensors, size: int, deadline: float | None,
+                   on_done: Callable[[Tensors | None, ServingError | None], None]) -> Callable[[], None]:
+    """Submits from the running event loop; `on_done(outputs, error)` runs once, on the loop: the batch's answer,
+    or DEADLINE_EXCEEDED when the deadline comes first. No thread is held while the request is queued, and the
+    batch thread wakes the loop once per batch (_LoopInbox). Returns `abandon`, for a caller that gives up (the
+    client went away): its queued pieces are dropped and on_done is not called. Raises ServingError at once when
+    the queue refuses the request."""
     loop = asyncio.get_running_loop()
-    answered = loop.create_future()
+    inbox = _inbox(loop)
+    timer: asyncio.TimerHandle | None = None
+    settled = False
 
     def settle(error: ServingError | None = None) -> None:  # on the loop; the first of answer and timeout wins
-        if not answered.done():
-            if error is None:
-                answered.set_result(None)
-            else:
-                answered.set_exception(error)
-
-    inbox = _inbox(loop)
-    submission = queue.submit(inputs, size, deadline, lambda: inbox.post(settle))
-    timer = None if deadline is None else loop.call_at(
-        loop.time() + max(0.0, deadline - time.monotonic()),
-        lambda: settle(deadline_exceeded("Deadline exceeded while waiting for the batch to run")))
-    try:
-        await answered
-    except BaseException:  # timed out, or cancelled
-        submission.abandon()
-        raise
-    finally:
+        nonlocal settled
+        if settled:
+            return
+        settled = True
         if timer is not None:
             timer.cancel()
-    return submission.result()
+        if error is not None:
+            submission.abandon()
+            on_done(None, error)
+            return
+        try:
+            outputs = submission.result()
+        except ServingError as failed:
+            on_done(None, failed)
+            return
+        on_done(outputs, None)
+
+    def abandon() -> None:
+        nonlocal settled
+        if not settled:
+            settled = True
+            if timer is not None:
+                timer.cancel()
+            submission.abandon()
+
+    submission = queue.submit(inputs, size, deadline, lambda: inbox.post(settle))
+    if deadline is not None:
+        timer = loop.call_at(loop.time() + max(0.0, deadline - time.monotonic()),
+                             lambda: settle(deadline_exceeded("Deadline exceeded while waiting for the batch to run")))
+    return abandon

@@ -40,7 +40,8 @@ from tensorflow_serving.apis import predict_pb2
 from bertserve.server import forwarding
 from bertserve.server.forwarding import DecodedPredict, FrameLink, Kind
 from bertserve.server.grpc_front_end import RpcAnswer
-from bertserve.server.grpc_service import GrpcApi
+from bertserve.server.grpc_service import PREDICT_METHOD, GrpcApi, failed_answer
+from bertserve.server.predict import PredictResult
 
 log = logging.getLogger("bertserve.server")
 FRONT_END_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cc", "bertserve_front_end")
@@ -77,7 +78,8 @@ class _FrontEnd:
     # before asyncio's child watcher does makes the watcher report exit code 255 instead of the real one.
     pidfd: int | None = None
     link: FrameLink | None = None
-    calls: dict[int, asyncio.Task] = dataclasses.field(default_factory=dict)  # call id -> its answering task
+    # call id -> what cancels its answering (a task's cancel, or a decoded Predict's)
+    calls: dict[int, Callable[[], object]] = dataclasses.field(default_factory=dict)
 
     def kill(self) -> None:
         """SIGKILL, unless it has exited already; never reaps, so its watcher gets its true exit status."""
@@ -186,17 +188,16 @@ class FrontEndProcesses:
         if kind == Kind.PREDICT:
             call = forwarding.parse_predict(frame, start, end)
             if not self._refused_as_late(front_end, call.call_id, call.arrived):
-                front_end.calls[call.call_id] = asyncio.get_running_loop().create_task(
-                    self._answer_decoded(front_end, call))
+                self._start_decoded(front_end, call)
         elif kind == Kind.CALL:
             call_id, method, seconds_left, arrived, payload = forwarding.parse_call(frame, start, end)
             if not (self.api.is_inference(method) and self._refused_as_late(front_end, call_id, arrived)):
                 front_end.calls[call_id] = asyncio.get_running_loop().create_task(
-                    self._answer(front_end, call_id, method, payload, seconds_left))
+                    self._answer(front_end, call_id, method, payload, seconds_left)).cancel
         elif kind == Kind.CANCEL:
-            task = front_end.calls.pop(forwarding.CALL_ID.unpack_from(frame, start)[0], None)
-            if task is not None:
-                task.cancel()
+            cancel = front_end.calls.pop(forwarding.CALL_ID.unpack_from(frame, start)[0], None)
+            if cancel is not None:
+                cancel()
         elif kind == Kind.READY and not front_end.ready.done():
             front_end.ready.set_result(None)
 
@@ -211,21 +212,33 @@ class FrontEndProcesses:
             f"(limit {LINK_BACKLOG_LIMIT_SECONDS * 1e3:.0f} ms); retry later", b""))
         return True
 
-    async def _answer_decoded(self, front_end: _FrontEnd, call: DecodedPredict) -> None:
-        try:
-            result = await self.api.answer_decoded(call)
-        finally:
+    def _start_decoded(self, front_end: _FrontEnd, call: DecodedPredict) -> None:
+        pending = True
+
+        def answered(answer: RpcAnswer | PredictResult) -> None:
+            nonlocal pending
+            pending = False
             front_end.calls.pop(call.call_id, None)
-        if isinstance(result, RpcAnswer):
-            front_end.link.send(forwarding.answer_frame(call.call_id, *result))
-            return
+            front_end.link.send(self._decoded_answer_frame(call.call_id, answer))
+
+        cancel = self.api.start_decoded(call, answered)
+        if pending:  # not refused at once
+            front_end.calls[call.call_id] = cancel
+
+    def _decoded_answer_frame(self, call_id: int, answer: RpcAnswer | PredictResult) -> list[bytes]:
+        """A failure's status, or the outputs for the front end to encode (here, for dtypes it does not encode)."""
+        if isinstance(answer, RpcAnswer):
+            return forwarding.answer_frame(call_id, *answer)
         predictor = self.api.predictor
-        frame = forwarding.outputs_frame(call.call_id, result.model_name, result.version, result.signature_name,
-                                         result.outputs, predictor.tensor_content)
-        if frame is None:  # outputs the front end does not encode
-            frame = forwarding.answer_frame(call.call_id, grpc.StatusCode.OK.value[0], "",
-                                            predictor.predict_response(result).SerializeToString())
-        front_end.link.send(frame)
+        frame = forwarding.outputs_frame(call_id, answer.model_name, answer.version, answer.signature_name,
+                                         answer.outputs, predictor.tensor_content)
+        if frame is not None:
+            return frame
+        try:
+            body = predictor.predict_response(answer).SerializeToString()
+        except Exception as exc:  # noqa: BLE001 - an output that cannot be encoded fails its call, nothing else
+            return forwarding.answer_frame(call_id, *failed_answer(PREDICT_METHOD, exc))
+        return forwarding.answer_frame(call_id, grpc.StatusCode.OK.value[0], "", body)
 
     async def _answer(self, front_end: _FrontEnd, call_id: int, method: str, payload: bytes,
                       seconds_left: float | None) -> None:
@@ -237,8 +250,8 @@ class FrontEndProcesses:
 
     def _link_lost(self, front_end: _FrontEnd) -> None:
         """Its calls cannot be answered any more; a process without its link is of no use, so it goes too."""
-        for task in front_end.calls.values():
-            task.cancel()
+        for cancel in front_end.calls.values():
+            cancel()
         front_end.calls.clear()
         if not self._stopping:  # when stopping, it closes it as it exits
             front_end.kill()

@@ -22,11 +22,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Awaitable, Callable, Iterator, Mapping
+from typing import Awaitable, Callable, Iterator
 
 import grpc
 from google.protobuf import message, message_factory
-from tensorflow.core.framework import tensor_pb2
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_management_pb2,
                                      model_service_pb2, prediction_service_pb2)
 
@@ -36,7 +35,7 @@ from bertserve.server.grpc_front_end import RpcAnswer
 from bertserve.server.inference import classify, multi_inference, regress
 from bertserve.server.manager import ModelManager
 from bertserve.server.predict import PredictResult, Predictor
-from bertserve.server.tensors import RawTensor, decode_inputs
+from bertserve.server.tensors import decode_inputs
 
 log = logging.getLogger("bertserve.server")
 SIGNATURE_DEF_FIELD = "signature_def"
@@ -82,7 +81,12 @@ def model_metadata(manager: ModelManager, name: str, version: int | None, label:
 
 
 
-def _failed(method: str, exc: Exception) -> RpcAnswer:
+def _nothing_to_cancel() -> None:
+    pass
+
+
+def failed_answer(method: str, exc: Exception) -> RpcAnswer:
+    """A failure as the call's status; anything but a ServingError is logged (and INTERNAL)."""
     error = from_exception(exc)
     if not isinstance(exc, ServingError):
         log.exception("%s failed", method)
@@ -135,43 +139,67 @@ class GrpcApi:
                                        f"({len(payload)} bytes): {exc}") from exc
             response = await handler(request, deadline)
         except Exception as exc:  # noqa: BLE001 - every failure becomes the call's status, never a crash
-            return _failed(method, exc)
+            return failed_answer(method, exc)
         return RpcAnswer(OK, "", response.SerializeToString())
 
-    async def answer_decoded(self, call: DecodedPredict) -> RpcAnswer | PredictResult:
-        """Runs a Predict a front end took apart: its result, for the front end to encode, or its failure."""
-        deadline = None if call.seconds_left is None else time.monotonic() + call.seconds_left
+    def start_decoded(self, call: DecodedPredict, on_done: Callable[[RpcAnswer | PredictResult], None]
+                      ) -> Callable[[], None]:
+        """Starts a Predict a front end took apart; `on_done` gets its result, for the front end to encode, or
+        its failure, once (at once if it is refused). Returns `cancel` (the client went away): on_done is then
+        not called. No task per call: the hot path of the front-end processes."""
         try:
-            return await self._predict_result(call.model_name, *_one_of(call.version, call.version_label),
-                                              call.signature_name, call.inputs, call.output_filter, deadline)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes the call's status, never a crash
-            return _failed(PREDICT_METHOD, exc)
+            version, label = _one_of(call.version, call.version_label)
+            self._admit()
+        except ServingError as exc:
+            on_done(failed_answer(PREDICT_METHOD, exc))
+            return _nothing_to_cancel
 
-    @contextlib.contextmanager
-    def admitted(self) -> Iterator[None]:
+        counted = True  # in self._in_flight until answered or cancelled
+
+        def done(result: PredictResult | None, error: ServingError | None) -> None:
+            nonlocal counted
+            counted = False
+            self._in_flight -= 1
+            on_done(result if error is None else failed_answer(PREDICT_METHOD, error))
+
+        cancel_prediction = self.predictor.start(
+            model_name=call.model_name, version=version, label=label, signature_name=call.signature_name,
+            inputs_of=lambda signature: decode_inputs(signature, call.inputs), output_filter=call.output_filter,
+            deadline=None if call.seconds_left is None else time.monotonic() + call.seconds_left,
+            entrypoint="GRPC", on_done=done)
+
+        def cancel() -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self._in_flight -= 1
+                cancel_prediction()
+
+        return cancel
+
+    def _admit(self) -> None:
         """Counts an inference RPC in flight, or refuses it UNAVAILABLE at once when max_in_flight are."""
         if self._in_flight >= self.max_in_flight:
             raise unavailable(f"The server is handling {self._in_flight} requests, its limit; retry later")
         self._in_flight += 1
+
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        self._admit()
         try:
             yield
         finally:
             self._in_flight -= 1
 
     async def predict(self, request, deadline: float | None):
-        result = await self._predict_result(request.model_spec.name, *_version_and_label(request),
-                                            request.model_spec.signature_name, request.inputs,
-                                            list(request.output_filter), deadline)
-        return self.predictor.predict_response(result)
-
-    async def _predict_result(self, model_name: str, version: int | None, label: str | None, signature_name: str,
-                              inputs: Mapping[str, tensor_pb2.TensorProto | RawTensor], output_filter: list[str],
-                              deadline: float | None) -> PredictResult:
+        version, label = _version_and_label(request)
         with self.admitted():
-            return await self.predictor.predict(
-                model_name=model_name, version=version, label=label, signature_name=signature_name,
-                inputs_of=lambda signature: decode_inputs(signature, inputs), output_filter=output_filter,
-                deadline=deadline, entrypoint="GRPC")
+            result = await self.predictor.predict(
+                model_name=request.model_spec.name, version=version, label=label,
+                signature_name=request.model_spec.signature_name,
+                inputs_of=lambda signature: decode_inputs(signature, request.inputs),
+                output_filter=list(request.output_filter), deadline=deadline, entrypoint="GRPC")
+        return self.predictor.predict_response(result)
 
     async def get_model_metadata(self, request, deadline: float | None):
         version, label = _version_and_label(request)

@@ -19,7 +19,7 @@ import gc
 import logging
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.config import model_server_config_pb2
@@ -71,8 +71,7 @@ class StartupError(RuntimeError):
     """A model of the startup config cannot serve: tensorflow_model_server exits in that case."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Handle:
+class Handle(NamedTuple):  # one per request: a tuple is cheaper to build than a frozen dataclass
     """What one request holds while it runs: the version and its queues (if batching)."""
 
     servable: LoadedVersion
@@ -338,6 +337,14 @@ class ModelManager:
     @contextlib.contextmanager
     def serving(self, name: str, version: int | None = None, label: str | None = None) -> Iterator[Handle]:
         """Holds one available version for the duration of a request (it cannot unload meanwhile)."""
+        handle = self.acquire(name, version, label)
+        try:
+            yield handle
+        finally:
+            handle.servable.release()
+
+    def acquire(self, name: str, version: int | None = None, label: str | None = None) -> Handle:
+        """The available version a request names, held (it cannot unload) until `handle.servable.release()`."""
         with self._lock:
             entry = self._entry(name)
             wanted = self._resolve_version(entry, version, label)
@@ -352,12 +359,8 @@ class ModelManager:
                 if wanted is None:
                     raise not_found(f"Servable not found for request: Latest({name})")
                 raise not_found(f"Servable not found for request: Specific({name}, {wanted})")
-            servable = record.servable
-            servable.acquire()
-        try:
-            yield Handle(servable, record.queues)
-        finally:
-            servable.release()
+            record.servable.acquire()
+            return Handle(record.servable, record.queues)
 
     def version_statuses(self, name: str, version: int | None = None,
                          label: str | None = None) -> list[get_model_status_pb2.ModelVersionStatus]:
