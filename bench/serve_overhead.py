@@ -18,9 +18,10 @@ Four parts, all on this machine, side by side in one run (the CPUs are shared: q
 2. batcher choice: the same tiny model batched in-process by (a) bertserve's Python batching queue feeding the
    signature's concrete function and (b) TensorFlow's own BatchFunction kernel, both driven by 32 Python threads
    (as the gRPC handler threads drive it): requests/s and mean batch size.
-3. main process ceiling: the code that answers every forwarded call (GrpcApi.answer) driven in this process
-   without gRPC, 1-row and 32-row requests: what the main process alone sustains, and its event loop's CPU per
-   request.
+3. main process ceiling: the code that answers the calls the front-end processes forward, driven in this
+   process without gRPC, 1-row and 32-row requests: Predict taken apart (GrpcApi.start_decoded, then the OUTPUTS
+   frame: what the front ends send and get) and Predict as bytes (GrpcApi.answer: parse and serialize here, the
+   path of other calls); what the main process alone sustains, and its event loop's CPU per request.
 4. chit-chat ranker (6 layers, 768, 12 heads, FFN 3072, seq 32, random weights, exported with bertserve.export,
    stock fp32 and, if the op library is built, fused fp32): one 32-pair query through the server vs. a direct
    call, and 32 concurrent single-pair requests merged by the batcher vs. a direct batch-32 call.
@@ -63,11 +64,13 @@ from bertserve.export.weights import CHITCHAT_CONFIG, BertConfig, BertWeights
 from bertserve.model_dir import TokenizerSettings
 from bertserve.server.batcher import BatchScheduler, wait_for
 from bertserve.server.config_files import DEFAULT_PROMETHEUS_PATH, BatchingOptions, single_model_config
+from bertserve.server import forwarding
 from bertserve.server.grpc_service import GrpcApi
 from bertserve.server.manager import ManagerOptions, ModelManager
 from bertserve.server.metrics import ServerMetrics
 from bertserve.server.predict import Predictor
 from bertserve.server.servable import LoadedVersion
+from bertserve.server.tensors import RawTensor
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -381,12 +384,13 @@ def tiny_part(base: str, quick: bool, baseline: tuple[str, str] | None) -> dict:
 
 
 def main_process_ceiling(base: str, quick: bool) -> dict:
-    """What the main process alone sustains with --grpc_front_end_processes > 1: GrpcApi.answer (the code that
-    answers every forwarded call: parse, check, batch, encode) driven by 64 concurrent callers on an event loop,
-    request bytes ready, no gRPC and no hand-off; requests/s and CPU-us per request of the event loop's thread
-    and of the whole process (the batch thread and the tiny model's session runs too), for 1-row and 32-row
-    requests. With the hand-off added per call (GetModelStatus, forwarded), it bounds what one server reaches
-    on a host whose other cores run the front ends."""
+    """What the main process alone sustains with --grpc_front_end_processes > 1: the code that answers each
+    forwarded call, driven by 64 concurrent callers on an event loop, requests ready, no gRPC and no hand-off;
+    requests/s and CPU-us per request of the event loop's thread and of the whole process (the batch thread and the
+    tiny model's session runs too), for 1-row and 32-row requests. Predict as the front ends hand it over (taken
+    apart: GrpcApi.start_decoded, answered as an OUTPUTS frame) and as bytes (GrpcApi.answer, parsing and
+    serializing here). With the hand-off added per call, it bounds what one server reaches on a host whose other
+    cores run the front ends."""
     seconds, results = (2 if quick else 6), {}
     for rows in (1, 32):
         metrics = ServerMetrics(8 * rows)
@@ -399,32 +403,52 @@ def main_process_ceiling(base: str, quick: bool) -> dict:
         manager.load_startup_models(threading.Event())
         with concurrent.futures.ThreadPoolExecutor(4) as blocking_threads:
             api = GrpcApi(Predictor(manager, metrics, blocking_threads), max_in_flight=1000)
-            payload = request_for("tiny", warmup_inputs(TINY_CONFIG, rows, SEQ)).SerializeToString()
+            request = request_for("tiny", warmup_inputs(TINY_CONFIG, rows, SEQ))
+            payload = request.SerializeToString()
+            decoded = forwarding.DecodedPredict(
+                1, 60.0, 0.0, "tiny", None, "", "", [],
+                {name: RawTensor(proto.dtype, [d.size for d in proto.tensor_shape.dim],
+                                 memoryview(proto.tensor_content), True) for name, proto in request.inputs.items()})
 
-            async def drive(duration: float) -> int:
-                answered, end = 0, time.monotonic() + duration
-
-                async def caller() -> None:
-                    nonlocal answered
-                    while time.monotonic() < end:
-                        answer = await api.answer("/tensorflow.serving.PredictionService/Predict", payload, 60.0)
-                        assert answer.code == 0, answer
-                        answered += 1
-                await asyncio.gather(*(caller() for _ in range(64)))
+            async def as_bytes(end: float) -> int:
+                answered = 0
+                while time.monotonic() < end:
+                    answer = await api.answer("/tensorflow.serving.PredictionService/Predict", payload, 60.0)
+                    assert answer.code == 0, answer
+                    answered += 1
                 return answered
 
-            asyncio.run(drive(1.0))
-            start, loop_cpu, process_cpu = time.monotonic(), time.thread_time(), time.process_time()
-            count = asyncio.run(drive(seconds))
-            elapsed = time.monotonic() - start
-            results[f"rows_{rows}"] = {
-                "requests_per_s": round(count / elapsed, 1),
-                "event_loop_cpu_us_per_request": round((time.thread_time() - loop_cpu) / count * 1e6, 1),
-                "process_cpu_us_per_request": round((time.process_time() - process_cpu) / count * 1e6, 1),
-                "max_batch_size": 8 * rows}
+            async def taken_apart(end: float) -> int:
+                answered, loop = 0, asyncio.get_running_loop()
+                while time.monotonic() < end:
+                    done = loop.create_future()
+                    api.start_decoded(decoded, done.set_result)
+                    result = await done
+                    frame = forwarding.outputs_frame(1, result.model_name, result.version, result.signature_name,
+                                                     result.outputs, False)
+                    assert frame is not None, result
+                    answered += 1
+                return answered
+
+            async def drive(caller, duration: float) -> int:
+                end = time.monotonic() + duration
+                return sum(await asyncio.gather(*(caller(end) for _ in range(64))))
+
+            for name, caller in (("taken_apart", taken_apart), ("as_bytes", as_bytes)):
+                asyncio.run(drive(caller, 1.0))
+                start, loop_cpu, process_cpu = time.monotonic(), time.thread_time(), time.process_time()
+                count = asyncio.run(drive(caller, seconds))
+                elapsed = time.monotonic() - start
+                results[f"rows_{rows}_{name}"] = {
+                    "requests_per_s": round(count / elapsed, 1),
+                    "event_loop_cpu_us_per_request": round((time.thread_time() - loop_cpu) / count * 1e6, 1),
+                    "process_cpu_us_per_request": round((time.process_time() - process_cpu) / count * 1e6, 1),
+                    "max_batch_size": 8 * rows}
         manager.shutdown()
-    return {"driver": "GrpcApi.answer, 64 concurrent callers on one event loop (the bench's thread), tiny model, "
-                      "batching: max_batch_size 8 requests, batch_timeout_micros 0, one batch thread", **results}
+    return {"driver": "64 concurrent callers on one event loop (the bench's thread), tiny model, batching: "
+                      "max_batch_size 8 requests, batch_timeout_micros 0, one batch thread; taken_apart: "
+                      "GrpcApi.start_decoded + the OUTPUTS frame (the front ends' Predict), as_bytes: GrpcApi.answer",
+            **results}
 
 
 def batcher_choice(base: str, quick: bool) -> dict:

@@ -194,3 +194,27 @@ def test_batch_inputs_stack_as_numpy_concatenates_them(case):
     stacked = _stacked(parts, extra)
     assert stacked.dtype == expected.dtype and stacked.shape == expected.shape
     np.testing.assert_array_equal(stacked, expected)
+
+
+def test_one_failing_answer_does_not_lose_the_others_of_its_wake_up(caplog):
+    """A batch's answers reach the event loop in one wake-up; a callback that raises is logged, the rest run."""
+    import asyncio
+
+    from bertserve.server.batcher import _LoopInbox
+
+    async def deliver() -> list[str]:
+        ran: list[str] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def failing() -> None:
+            raise RuntimeError("this answer cannot be encoded")
+
+        inbox = _LoopInbox(asyncio.get_running_loop())
+        threading.Thread(target=inbox.post_all, args=([lambda: ran.append("first"), failing,
+                                                       lambda: ran.append("third"),
+                                                       lambda: done.set_result(None)],)).start()
+        await asyncio.wait_for(done, 10)
+        return ran
+
+    assert asyncio.run(deliver()) == ["first", "third"]
+    assert "answering a request failed" in caplog.text and "this answer cannot be encoded" in caplog.text
