@@ -20,6 +20,7 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
+from bertserve.server.front_end_processes import LINK_BACKLOG_LIMIT_SECONDS
 from serving_harness import REPO_ROOT, ServerProcess, metric_total
 from tiny_models import direct_scores, predict_request, tensor, token_inputs
 
@@ -193,7 +194,7 @@ def test_killed_front_end_is_replaced(server):
 
 
 def test_calls_left_unread_by_a_stalled_main_process_are_refused_not_queued(server):
-    """A main process that falls behind reading its links (stopped here for 0.6 s) must not queue calls without
+    """A main process that falls behind reading its links (stopped here past the limit) must not queue calls without
     bound: inference calls it reads more than LINK_BACKLOG_LIMIT_SECONDS late are UNAVAILABLE at once, calls
     that run no model still answer, and the next calls are served as before."""
     channels = _channels(server.target, 4)
@@ -210,7 +211,7 @@ def test_calls_left_unread_by_a_stalled_main_process_are_refused_not_queued(serv
                     for i, stub in enumerate(stubs * 5)]
             status = model_service_pb2_grpc.ModelServiceStub(channels[0]).GetModelStatus.future(status_request,
                                                                                                timeout=60)
-            time.sleep(0.6)
+            time.sleep(LINK_BACKLOG_LIMIT_SECONDS + 0.5)
         finally:
             main.resume()
         for future in late:
