@@ -101,14 +101,6 @@ def aspired_versions(policy: model_server_config_pb2.FileSystemStoragePathSource
     return found[-count:]
 
 
-# Collections of the young generation once 20,000 container objects accumulate, not Python's 700: a request
-# makes few reference cycles, so a collection every few hundred requests frees as much as one every 25, and each
-# collection also runs the process's GC callbacks, some costly (JAX, where installed, runs XLA's garbage collection:
-# 10 % of the event loop's samples at 5,000 queries/s on the GPU machine). Event loop per 32-row Predict, Zen 3:
-# 97 -> 88-94 us.
-YOUNG_GENERATION_THRESHOLD = 20_000
-
-
 def settle_heap() -> None:
     """Collects what a load or an unload left in reference cycles, then moves every object alive now out of the
     cyclic collector's scans (gc.freeze). A loaded TensorFlow model is a few hundred thousand Python objects
@@ -117,7 +109,6 @@ def settle_heap() -> None:
     of its CPU (bench/serve_overhead.py). With them frozen, collections see only what requests create."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
 
 
 class ModelManager:
