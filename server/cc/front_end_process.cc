@@ -60,7 +60,6 @@ enum Kind : uint8_t {
   kCall = 1, kCancel = 2, kReady = 3, kAnswer = 4, kHealth = 5, kDrain = 6, kPredict = 7, kOutputs = 8
 };
 constexpr size_t kLengthSize = 4;     // <I: bytes after the length field (kind + body)
-constexpr size_t kCallHeader = 14;    // <IdH: call id, seconds left (negative: none), method name length
 constexpr size_t kAnswerHeader = 9;   // <IBI: call id, status code, details length
 constexpr size_t kMaxDescriptorSet = 16 << 20;
 const char kPredictMethod[] = "/tensorflow.serving.PredictionService/Predict";
