@@ -141,9 +141,7 @@ def proto_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, proto: tensor_
         return _from_content(alias, proto.dtype, codec, dims, content)
     field = getattr(proto, codec.field)
     carried, extra = divmod(len(field), codec.per_element)
-    count = _check_size(alias, dims, carried, codec.itemsize)
-    if extra or carried > count:
-        raise invalid_argument(f"tensor parsing error: {alias} ({carried} values for shape {dims})")
+    count = _typed_count(alias, dims, carried, extra, codec)
     if codec.np_dtype is None:
         values = np.empty(carried, dtype=object)
         values[:] = list(field)
@@ -160,11 +158,18 @@ def raw_to_ndarray(alias: str, info: meta_graph_pb2.TensorInfo, tensor: RawTenso
         return _from_content(alias, tensor.dtype, codec, dims, tensor.data)
     if tensor.dtype not in RAW_VALUE_DTYPES:
         raise invalid_argument(f"input tensor '{alias}': dtype {dtype_name(tensor.dtype)} cannot come as raw values")
-    carried = len(tensor.data) // codec.itemsize
-    count = _check_size(alias, dims, carried, codec.itemsize)
-    if len(tensor.data) % codec.itemsize or carried > count:
-        raise invalid_argument(f"tensor parsing error: {alias} ({carried} values for shape {dims})")
+    carried, extra = divmod(len(tensor.data), codec.itemsize)
+    count = _typed_count(alias, dims, carried, extra, codec)
     return _filled(np.frombuffer(tensor.data, dtype=codec.np_dtype), count, codec).reshape(dims)
+
+
+def _typed_count(alias: str, dims: list[int], carried: int, extra: int, codec: _Codec) -> int:
+    """The element count of a tensor carrying `carried` typed values (and `extra` left over), checked before
+    anything is decoded."""
+    count = _check_size(alias, dims, carried, codec.itemsize)
+    if extra or carried > count:
+        raise invalid_argument(f"tensor parsing error: {alias} ({carried} values for shape {dims})")
+    return count
 
 
 def _input_codec(alias: str, info: meta_graph_pb2.TensorInfo, dtype_enum: int) -> _Codec:
