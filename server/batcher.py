@@ -198,6 +198,10 @@ class BatchScheduler:
                         if picked is None and self._stopping:
                             return
                         self.condition.wait(None if picked is None else max(0.0, picked - time.monotonic()))
+                    if any(queue.batches for queue in self._queues):
+                        # submit wakes one thread per event; this one is leaving to run a batch, so another idle
+                        # thread takes over the timers of what is still queued.
+                        self.condition.notify()
                 queue, batch = picked
                 with _deliveries_held():
                     queue.process(batch)
@@ -279,7 +283,11 @@ class BatchingQueue:
                     self.batches.append(_Batch(key))
                 self.batches[-1].add(task)
                 submission.add(task)
-            self.scheduler.condition.notify_all()
+            if new_batches or self.batches[0].size >= limit:
+                # A new head batch (its timer starts) or a ready one. A request that joins the head batch without
+                # filling it changes nothing a waiting thread acts on: waking the batch threads for it made each
+                # request cost two thread wake-ups, each taking the GIL from the event loop.
+                self.scheduler.condition.notify()
         return submission
 
     def _shape_mismatch(self, inputs: Tensors, batch: _Batch) -> ServingError:
