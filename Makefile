@@ -38,9 +38,9 @@ ops: $(OP_LIB)
 # The gRPC front-end processes of `bertserve serve --grpc_front_end_processes=N`, on Debian's gRPC C++ 1.51 and
 # protobuf 3.21, linked statically but for glibc: the same file runs on the GPU machine, which has neither (gpu_rig
 # carries it).
-FRONT_END_SRCS := server/cc/front_end_process.cc server/cc/predict_codec.cc
-$(FRONT_END): $(FRONT_END_SRCS) server/cc/predict_codec.h | debs
-	g++ -O2 -std=c++17 -Wall -Wextra -s -o $@ $(FRONT_END_SRCS) $$(pkg-config --cflags grpc++ protobuf) \
+FRONT_END_SRCS := server/cc/front_end_process.cc server/cc/predict_codec.cc custom_ops/kernels/validation.cc
+$(FRONT_END): $(FRONT_END_SRCS) server/cc/predict_codec.h custom_ops/kernels/bert_core.h | debs
+	g++ -O2 -std=c++17 -Wall -Wextra -s -I. -o $@ $(FRONT_END_SRCS) $$(pkg-config --cflags grpc++ protobuf) \
 	  -static-libstdc++ -static-libgcc -Wl,-Bstatic \
 	  $$(pkg-config --static --libs-only-l grpc++ protobuf | sed 's/-l\(pthread\|dl\|rt\|m\)\b//g') \
 	  -Wl,-Bdynamic -lpthread -ldl -lrt -lm

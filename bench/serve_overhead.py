@@ -71,6 +71,7 @@ from bertserve.server.metrics import ServerMetrics
 from bertserve.server.predict import Predictor
 from bertserve.server.servable import LoadedVersion
 from bertserve.server.tensors import RawTensor
+from bertserve.server.token_inputs import TokenRanges
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -403,12 +404,16 @@ def main_process_ceiling(base: str, quick: bool) -> dict:
         manager.load_startup_models(threading.Event())
         with concurrent.futures.ThreadPoolExecutor(4) as blocking_threads:
             api = GrpcApi(Predictor(manager, metrics, blocking_threads), max_in_flight=1000)
-            request = request_for("tiny", warmup_inputs(TINY_CONFIG, rows, SEQ))
+            inputs = warmup_inputs(TINY_CONFIG, rows, SEQ)
+            request = request_for("tiny", inputs)
             payload = request.SerializeToString()
+            real = inputs["input_mask"] == 1  # the ranges the front end measures of these (valid) token inputs
             decoded = forwarding.DecodedPredict(
                 1, 60.0, 0.0, "tiny", None, "", "", [],
                 {name: RawTensor(proto.dtype, [d.size for d in proto.tensor_shape.dim],
-                                 memoryview(proto.tensor_content), True) for name, proto in request.inputs.items()})
+                                 memoryview(proto.tensor_content), True) for name, proto in request.inputs.items()},
+                TokenRanges(True, *(int(f(inputs[name][real])) for name in ("input_ids", "segment_ids")
+                                    for f in (np.min, np.max))))
 
             async def as_bytes(end: float) -> int:
                 answered = 0

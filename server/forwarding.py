@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from bertserve.server.tensors import RAW_VALUE_DTYPES, RawTensor, dtype_enum_of
+from bertserve.server.token_inputs import TokenRanges
 
 LENGTH = struct.Struct("<I")  # bytes that follow the length field: the kind and the body
 # call id, seconds left (negative: no deadline), arrival at the front end (time.monotonic()), method name length
@@ -30,10 +31,13 @@ CALL_ID = struct.Struct("<I")
 FLAG = struct.Struct("<B")
 # call id, seconds left, arrival, has a version, the version, lengths of the model name, version label and signature
 # name, number of output filter names, number of inputs; then the three names, the filter names (each NAME_LENGTH
-# and its bytes) and the inputs (each TENSOR, its name, its dims as int64, its value bytes)
+# and its bytes), the inputs (each TENSOR, its name, its dims as int64, its value bytes) and TOKENS
 PREDICT = struct.Struct("<IddBqHHHHH")
 # name length, dtype, values are tensor_content (else the typed field's), rank, value bytes
 TENSOR = struct.Struct("<HiBBI")
+# after the inputs: the token inputs' summary (0: none, 1: mask valid, 2: mask refused), then the least and greatest
+# input_ids and segment_ids at real positions (TokenRanges)
+TOKENS = struct.Struct("<Biiii")
 NAME_LENGTH = struct.Struct("<H")
 # call id, version, encode as tensor_content, lengths of the model name and signature name, number of outputs; then
 # the two names and the outputs, as the inputs of PREDICT
@@ -68,6 +72,7 @@ class DecodedPredict(NamedTuple):
     signature_name: str
     output_filter: list[str]
     inputs: dict[str, RawTensor]
+    token_ranges: TokenRanges | None = None
 
 
 def _frame(kind: Kind, *parts: bytes) -> list[bytes]:
@@ -112,10 +117,13 @@ def parse_predict(frame: bytes, start: int, end: int) -> DecodedPredict:
         at += dims.size
         tensors[alias] = RawTensor(dtype, shape, view[at:at + data_length], bool(in_content))
         at += data_length
+    state, *ranges = TOKENS.unpack_from(frame, at)
+    at += TOKENS.size
     if at != end:
         raise ValueError(f"a PREDICT frame of {end - start} bytes describes {at - start}")
     return DecodedPredict(call_id, None if seconds_left < 0 else seconds_left, arrived, model_name,
-                          version if has_version else None, label, signature_name, output_filter, tensors)
+                          version if has_version else None, label, signature_name, output_filter, tensors,
+                          TokenRanges(state == 1, *ranges) if state else None)
 
 
 def outputs_frame(call_id: int, model_name: str, version: int, signature_name: str, outputs: dict[str, np.ndarray],

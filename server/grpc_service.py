@@ -166,7 +166,7 @@ class GrpcApi:
             model_name=call.model_name, version=version, label=label, signature_name=call.signature_name,
             inputs_of=lambda signature: decode_inputs(signature, call.inputs), output_filter=call.output_filter,
             deadline=None if call.seconds_left is None else time.monotonic() + call.seconds_left,
-            entrypoint="GRPC", on_done=done)
+            entrypoint="GRPC", on_done=done, token_ranges=call.token_ranges)
 
         def cancel() -> None:
             nonlocal counted

@@ -27,6 +27,7 @@ from bertserve.server.manager import Handle, ModelManager
 from bertserve.server.metrics import ServerMetrics
 from bertserve.server.servable import LoadedVersion, Signature, batch_rows
 from bertserve.server.tensors import fill_tensor_proto
+from bertserve.server.token_inputs import TokenRanges
 
 log = logging.getLogger("bertserve.server")
 CANCELLED = "CANCELLED"
@@ -71,16 +72,17 @@ class Predictor:
               inputs_of: Callable[[Signature], dict[str, np.ndarray]], output_filter: list[str],
               deadline: float | None, entrypoint: str,
               on_done: Callable[[PredictResult | None, ServingError | None], None], api: str = "predict",
-              select_signature: Callable[[LoadedVersion, str], Signature] = LoadedVersion.signature
-              ) -> Callable[[], None]:
+              select_signature: Callable[[LoadedVersion, str], Signature] = LoadedVersion.signature,
+              token_ranges: TokenRanges | None = None) -> Callable[[], None]:
         """Starts one prediction on the running event loop. `on_done(result, error)` runs once, on the loop (at
         once if the request is refused before it queues); every failure is a ServingError with its status.
         `select_signature` finds the signature (Classify and Regress check theirs by their own rules) and
-        `inputs_of(signature)` decodes the request for it (protos, raw tensors, JSON or tf.Examples). Returns
+        `inputs_of(signature)` decodes the request for it (protos, raw tensors, JSON or tf.Examples);
+        `token_ranges`, what a front end measured of its token inputs (Signature.check_inputs). Returns
         `cancel`, for a caller whose client went away: its queued rows are dropped, it counts as CANCELLED in the
         metrics, and on_done is not called."""
         return _Prediction(self, model_name, api, entrypoint, on_done).start(
-            version, label, signature_name, inputs_of, output_filter, deadline, select_signature)
+            version, label, signature_name, inputs_of, output_filter, deadline, select_signature, token_ranges)
 
     async def predict(self, **arguments) -> PredictResult:
         """`start`'s prediction, awaited: raises its ServingError; cancelling the awaiting task cancels it."""
@@ -132,15 +134,15 @@ class _Prediction:
 
     def start(self, version: int | None, label: str | None, signature_name: str,
               inputs_of: Callable[[Signature], dict[str, np.ndarray]], output_filter: list[str],
-              deadline: float | None, select_signature: Callable[[LoadedVersion, str], Signature]
-              ) -> Callable[[], None]:
+              deadline: float | None, select_signature: Callable[[LoadedVersion, str], Signature],
+              token_ranges: TokenRanges | None) -> Callable[[], None]:
         try:
             self.handle = handle = self.predictor.manager.acquire(self.model_name, version, label)
             self.signature = signature = select_signature(handle.servable, signature_name)
             signature.check_output_filter(output_filter)
             self.output_filter = output_filter
             inputs = signature.complete(inputs_of(signature))
-            signature.check_inputs(inputs)
+            signature.check_inputs(inputs, token_ranges)
             queue = handle.queues.get(signature.key)
             rows = batch_rows(inputs) if queue is not None else 0
             if rows:

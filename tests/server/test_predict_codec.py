@@ -26,7 +26,9 @@ from bertserve.server import forwarding
 from bertserve.server.forwarding import Kind
 from bertserve.server.front_end_processes import FRONT_END_PROGRAM, predict_descriptor_set
 from bertserve.server.predict import PredictResult, Predictor
+from bertserve.server.errors import ServingError
 from bertserve.server.tensors import proto_to_ndarray, raw_to_ndarray
+from bertserve.server.token_inputs import TokenInputRules, TokenLimits, TokenRanges
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 pytestmark = pytest.mark.skipif(not os.access(FRONT_END_PROGRAM, os.X_OK), reason="`make setup` builds the front end")
@@ -263,3 +265,132 @@ def test_without_usable_descriptors_every_call_goes_as_bytes(descriptors):
     finally:
         log = played.close()
     assert ("Predict requests go to the main process as bytes" in log) == bool(descriptors)
+
+
+VOCAB, TYPE_VOCAB, POSITIONS = 100, 2, 32
+
+
+def _token_request(ids, mask, segments, typed: bool = False) -> predict_pb2.PredictRequest:
+    def proto(values):
+        values = np.asarray(values)
+        if typed and values.dtype == np.int32:
+            return _typed(types_pb2.DT_INT32, "int_val", values.ravel().tolist(), list(values.shape))
+        return tf.make_tensor_proto(values)
+    arrays = {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
+    return _request(**{name: proto(value) for name, value in arrays.items() if value is not None})
+
+
+def _rows(lengths: list[int], seq: int = 8, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Valid token inputs: real positions first, ids and segments inside the tables; padded positions hold values
+    outside them, which the op never reads."""
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(seq) < np.array(lengths)[:, None]).astype(np.int32)
+    ids = np.where(mask == 1, rng.integers(0, VOCAB, mask.shape), VOCAB + 5).astype(np.int32)
+    segments = np.where(mask == 1, rng.integers(0, TYPE_VOCAB, mask.shape), -3).astype(np.int32)
+    return ids, mask, segments
+
+
+def _edited(edit) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids, mask, segments = _rows([5, 8, 2])
+    edit(ids, mask, segments)
+    return ids, mask, segments
+
+
+TOKEN_CASES = {
+    "valid, rows of several lengths": _rows([5, 8, 2]),
+    "valid, as int_val": (*_rows([3, 1]), "typed"),
+    "ids at the tables' last rows": _edited(lambda i, m, s: (i.__setitem__((0, 0), VOCAB - 1),
+                                                             s.__setitem__((1, 7), TYPE_VOCAB - 1))),
+    "a mask with a gap": _edited(lambda i, m, s: m.__setitem__((2, 4), 1)),
+    "a mask value of 2": _edited(lambda i, m, s: m.__setitem__((1, 3), 2)),
+    "a negative mask value at a padded position": _edited(lambda i, m, s: m.__setitem__((0, 7), -1)),
+    "a negative id at a real position": _edited(lambda i, m, s: i.__setitem__((1, 0), -1)),
+    "an id past the vocabulary": _edited(lambda i, m, s: i.__setitem__((0, 4), VOCAB)),
+    "a segment past the type vocabulary": _edited(lambda i, m, s: s.__setitem__((2, 1), TYPE_VOCAB)),
+    "int32 extremes at real positions": _edited(lambda i, m, s: (i.__setitem__((0, 1), 2 ** 31 - 1),
+                                                                 s.__setitem__((0, 2), -2 ** 31))),
+    "longer than the position table": _rows([POSITIONS + 1], seq=POSITIONS + 1),
+    "no real positions": _rows([0, 0]),
+    "no rows": _rows([]),
+}
+# Requests the front end leaves to the main process's own scan: no summary, the same answer.
+UNSUMMARIZED_CASES = {
+    "the mask missing": (_rows([3])[0], None, _rows([3])[2]),
+    "shapes that differ": (_rows([3])[0], *_rows([3, 3])[1:]),
+    "int64 ids": (_rows([3])[0].astype(np.int64), *_rows([3])[1:]),
+    "one int_val value for the whole mask": (*_rows([2, 2]), "broadcast"),
+    "rank 1": tuple(array[0] for array in _rows([3])),
+    "no positions per row": tuple(np.zeros((4, 0), np.int32) for _ in range(3)),
+}
+
+
+def _expected_ranges(ids: np.ndarray, mask: np.ndarray, segments: np.ndarray) -> TokenRanges:
+    """The summary worked out here with NumPy: the mask holds only 0 and 1, each row's ones first."""
+    seq = mask.shape[1]
+    lengths = (mask == 1).sum(axis=1)
+    valid = np.isin(mask, (0, 1)).all() and (mask == (np.arange(seq) < lengths[:, None])).all()
+    real = mask == 1
+    if not valid or not real.any():
+        return TokenRanges(bool(valid), 0, -1, 0, -1)
+    return TokenRanges(True, int(ids[real].min()), int(ids[real].max()), int(segments[real].min()),
+                       int(segments[real].max()))
+
+
+def _check_outcome(rules, inputs: dict[str, np.ndarray], ranges) -> str:
+    try:
+        rules.check(inputs, ranges)
+    except ServingError as refused:
+        return f"{refused.code.name}: {refused.message}"
+    return "accepted"
+
+
+def _token_case(main_process, case):
+    ids, mask, segments, *form = {**TOKEN_CASES, **UNSUMMARIZED_CASES}[case]
+    request = _token_request(ids, mask, segments, typed=form == ["typed"])
+    if form == ["broadcast"]:
+        request.inputs["input_mask"].ClearField("tensor_content")
+        request.inputs["input_mask"].int_val.append(1)
+    future, kind, frame, _ = _call(main_process, request)
+    assert kind == Kind.PREDICT
+    call = forwarding.parse_predict(frame, 1, len(frame))
+    main_process.send(forwarding.answer_frame(call.call_id, 0, "", b""))
+    future.result()
+    inputs = {name: raw_to_ndarray(name, _info(raw.dtype), raw) for name, raw in call.inputs.items()}
+    return call.token_ranges, inputs
+
+
+@pytest.fixture(scope="module")
+def token_rules():
+    infos = {name: meta_graph_pb2.TensorInfo(dtype=types_pb2.DT_INT32)
+             for name in ("input_ids", "input_mask", "segment_ids")}
+    rules = TokenInputRules.for_signature(infos, TokenLimits(VOCAB, TYPE_VOCAB, POSITIONS))
+    if rules is None:
+        pytest.skip("the op library's check did not load")
+    return rules
+
+
+@pytest.mark.parametrize("case", sorted(TOKEN_CASES))
+def test_token_inputs_arrive_with_their_ranges_and_are_judged_as_the_op_judges(main_process, token_rules, case):
+    """The front end measures the token inputs with the op's mask check; the main process then accepts on the
+    ranges alone exactly what the op's full check accepts, and refuses the rest with the op's message."""
+    ranges, inputs = _token_case(main_process, case)
+    assert ranges == _expected_ranges(inputs["input_ids"], inputs["input_mask"], inputs["segment_ids"])
+    assert _check_outcome(token_rules, inputs, ranges) == _check_outcome(token_rules, inputs, None)
+
+
+@pytest.mark.parametrize("case", sorted(UNSUMMARIZED_CASES))
+def test_token_inputs_the_front_end_cannot_summarize_are_checked_in_full(main_process, token_rules, case):
+    ranges, inputs = _token_case(main_process, case)
+    assert ranges is None
+    assert _check_outcome(token_rules, inputs, ranges) == _check_outcome(token_rules, inputs, None)
+
+
+def test_ranges_outside_the_tables_go_to_the_full_check(token_rules):
+    """Ranges only ever accept: any outside the model's tables, or a refused mask, send the request to the full
+    check, which names what the op refuses."""
+    ids, mask, segments = _edited(lambda i, m, s: i.__setitem__((0, 4), VOCAB))
+    inputs = {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
+    for ranges in (TokenRanges(True, 0, VOCAB, 0, 1), TokenRanges(False, 0, 0, 0, 0),
+                   TokenRanges(True, -1, 5, 0, 1), TokenRanges(True, 0, 5, 0, TYPE_VOCAB)):
+        assert _check_outcome(token_rules, inputs, ranges) == (
+            f"INVALID_ARGUMENT: input_ids[0,4] = {VOCAB} is out of range [0, {VOCAB}) (rows of word_embeddings)")
