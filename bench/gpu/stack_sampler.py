@@ -16,6 +16,8 @@ BERTSERVE_STACK_SAMPLES set to a folder: SIGUSR1 starts sampling, SIGUSR2 writes
 from __future__ import annotations
 
 import collections
+import gc
+import importlib.abc
 import json
 import os
 import signal
@@ -104,16 +106,43 @@ class StackSampler:
         return out
 
 
+class _FirstImports(importlib.abc.MetaPathFinder):
+    """Where each of WATCHED was first imported from: the GPU machine's Python has JAX, whose garbage-collection
+    callback ran on the server's event loop; this names the import that brought it in."""
+
+    WATCHED = ("jax", "torch", "keras")
+
+    def __init__(self):
+        self.stacks: dict[str, list[str]] = {}
+
+    def find_spec(self, name, path=None, target=None):  # noqa: ARG002 - the finder protocol's signature
+        if name in self.WATCHED and name not in self.stacks:
+            self.stacks[name] = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in _frames(sys._getframe(1))
+                                 if not f.f_code.co_filename.startswith("<frozen")][:MAX_DEPTH]
+        return None  # the import itself goes on as usual
+
+
+def _frames(frame):
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
 def install(folder: str) -> StackSampler:
-    """SIGUSR1 starts sampling; SIGUSR2 stops it and writes <folder>/<pid>.json."""
+    """SIGUSR1 starts sampling; SIGUSR2 stops it and writes <folder>/<pid>.json (with where JAX, PyTorch and Keras
+    were first imported from, and the garbage collector's callbacks)."""
     sampler = StackSampler()
+    imports = _FirstImports()
+    sys.meta_path.insert(0, imports)
 
     def write(*_) -> None:
         sampler.stop()
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"{os.getpid()}.json")
+        summary = dict(sampler.summary(), first_imports=imports.stacks,
+                       gc_callbacks=[getattr(c, "__qualname__", repr(c)) for c in gc.callbacks])
         with open(path + ".partial", "w", encoding="utf-8") as f:
-            json.dump(sampler.summary(), f, indent=1)
+            json.dump(summary, f, indent=1)
         os.replace(path + ".partial", path)  # the reader polls for the name
 
     signal.signal(signal.SIGUSR1, lambda *_: sampler.start())
