@@ -9,6 +9,10 @@ import signal
 import sys
 import threading
 
+from bertserve.server.process_imports import refuse_jax
+
+refuse_jax()  # before TensorFlow, which would import it
+
 import tensorflow as tf
 
 from bertserve.server.batcher import requests_held
