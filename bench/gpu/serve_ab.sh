@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Server designs side by side in one device call: serve_sweep.py's chit-chat part once per variant and round, the
 # variants alternating within each round so that all see the same host (the GPU machine's host is shared). A
-# variant is NAME "serve flags" "sweep arguments"; NAME@FOLDER runs the code of another checkout, FOLDER holding it
-# as `bertserve` with its front end built (an older design: its server, its front ends, the same client). Each run's
+# variant is NAME "serve flags" "sweep arguments"; NAME@FOLDER serves with the code of another checkout, FOLDER
+# holding it as `bertserve` with its front end built (an older design's server and front ends; the clients and the
+# harness are this checkout's, serve_sweep.py --server_pythonpath). Each run's
 # result goes into $OUT/gpu_h200_serving_ab.json (name -> list of serve_sweep's JSON, one per round) and its rates
 # onto stdout.
 # Usage on the GPU machine (after the rig's install stage):
@@ -16,9 +17,9 @@ for ((round = 1; round <= ${ROUNDS:-1}; round++)); do
   for ((i = 0; i + 2 < ${#variants[@]}; i += 3)); do
     spec=${variants[i]}; name=${spec%%@*}; folder=${spec#*@}
     read -r -a flags <<<"${variants[i + 1]}"; read -r -a sweep <<<"${variants[i + 2]}"
-    path=$PYTHONPATH
-    [[ $folder != "$spec" ]] && path=$(realpath "$folder"):$PYTHONPATH
-    PYTHONPATH=$path python3 bench/gpu/serve_sweep.py --part chitchat --out "$OUT/$name$round" --clients 6 \
+    server=()
+    [[ $folder != "$spec" ]] && server=(--server_pythonpath "$folder")
+    python3 bench/gpu/serve_sweep.py --part chitchat --out "$OUT/$name$round" --clients 6 "${server[@]}" \
       "${flags[@]/#/--serve_flag=}" "${sweep[@]}" >"$OUT/$name$round.log" 2>&1
     python3 - "$OUT/$name$round" "$name" "$OUT/gpu_h200_serving_ab.json" "$spec" <<'PY'
 import glob, json, os, sys

@@ -465,6 +465,9 @@ def prepare(args: argparse.Namespace, part: Part, defaults: Defaults, result: Re
     client_cpus = cpus[-args.client_cpus:] if args.client_cpus else None
     server_cpus = cpus[:-args.client_cpus] if args.client_cpus else None
     env = dict(os.environ, TF_FORCE_GPU_ALLOW_GROWTH="true", **({} if args.cpu else {"CUDA_VISIBLE_DEVICES": "0"}))
+    if args.server_pythonpath:  # another checkout's server (serve_ab.sh); the clients and this harness stay ours
+        env.update(PYTHONPATH=os.pathsep.join(filter(None, [os.path.abspath(args.server_pythonpath),
+                                                             env.get("PYTHONPATH")])))
     profile_dir = os.path.join(work, "stack_samples")
     if args.profile_s > 0:  # the stack sampler waits in the server for profile_step's signals
         env.update(PYTHONPATH=os.pathsep.join(filter(None, [SAMPLER_PATH, env.get("PYTHONPATH")])),
@@ -706,6 +709,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--budget_s", type=float, help="wall-clock budget of the whole run (a device call: 600 s)")
     p.add_argument("--reserve_s", type=float, default=90.0, help="kept from the sweep for the stages after it")
     p.add_argument("--workdir", help="exports, config files, server log (default: a temporary folder)")
+    p.add_argument("--server_pythonpath", help="a folder holding another checkout as `bertserve` (its front end "
+                   "built): the server runs that code")
     return p.parse_args(list(argv))
 
 
