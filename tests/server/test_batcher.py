@@ -176,6 +176,24 @@ def test_request_whose_deadline_passed_in_the_queue_is_dropped(signature, make_q
     assert len(run.batches) == 1  # the expired request never reached the model
 
 
+@pytest.mark.parametrize("timeout_micros", [0, 50_000])
+def test_an_idle_batch_thread_takes_a_new_batch_while_another_runs(signature, make_queue, timeout_micros):
+    """Submits wake one batch thread, not all: a batch that opens while one thread runs (here held at a gate) is
+    run by the other, at once when it is ready or at its timeout, never after the busy one returns."""
+    run = RecordingRun(signature, gated=True)
+    queue = make_queue(run, max_batch_size=2, num_batch_threads=2, batch_timeout_micros=timeout_micros)
+    rows = token_inputs(3, 8, seed=5)
+    first = queue.submit(_rows(rows, 0, 2), 2, None)  # a full batch: ready at once
+    assert run.entered.wait(10)
+    run.entered.clear()
+    second = queue.submit(_rows(rows, 2, 3), 1, None)  # opens the next batch; the other thread's timer starts
+    assert run.entered.wait(10), "the idle batch thread did not take the new batch"
+    assert [b["input_ids"].shape[0] for b in run.batches] == [2, 1]
+    run.gate.set()
+    for tasks, part in ((first, _rows(rows, 0, 2)), (second, _rows(rows, 2, 3))):
+        np.testing.assert_allclose(wait_for(tasks, None)["scores"], signature.run(part)["scores"], atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["int32 rows", "padding", "first part empty", "strided part", "strings", "floats 3d"])
 def test_batch_inputs_stack_as_numpy_concatenates_them(case):
     """The merged batch input (bytes joined, so the GIL is kept) is np.concatenate's, padding rows included."""
