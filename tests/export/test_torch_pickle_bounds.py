@@ -11,7 +11,6 @@ import io
 import json
 import pickle
 import re
-import resource
 import subprocess
 import sys
 import zipfile
@@ -64,14 +63,19 @@ def write_torch_file(path, tensors: dict[str, _Tensor], files: dict[str, bytes])
     return str(path)
 
 
+def _limited(address_space: int, command: list[str]) -> list[str]:
+    """`command` under an address-space limit set by util-linux's prlimit, which then execs it: a preexec_fn would
+    fork this process, whose gRPC threads (left by other tests) can abort the forked child before it execs."""
+    return ["prlimit", f"--as={address_space}", *command]
+
+
 def read_in_child(path: str) -> subprocess.CompletedProcess:
     """load_state_dict(path) in a child process under ADDRESS_SPACE_LIMIT; prints the arrays' sums if it loads."""
     script = ("import sys\nfrom bertserve.export import torch_pickle\n"
               "state = torch_pickle.load_state_dict(sys.argv[1])\n"
               "print({name: float(value.sum()) for name, value in state.items()})\n")
-    return subprocess.run(
-        [sys.executable, "-c", script, path], capture_output=True, text=True, timeout=120,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT)))
+    return subprocess.run(_limited(ADDRESS_SPACE_LIMIT, [sys.executable, "-c", script, path]), capture_output=True,
+                          text=True, timeout=120)
 
 
 FOUR_FLOATS = np.arange(4, dtype=np.float32).tobytes()
@@ -154,8 +158,7 @@ def test_export_refuses_a_tensor_past_its_storage(tmp_path):
                      {"bert.embeddings.word_embeddings.weight": _Tensor(_Storage("0", 4), 0, (16, 8), (8, 1))},
                      {"0": FOUR_FLOATS})
     result = subprocess.run(
-        [sys.executable, "-m", "bertserve.cli", "export", str(model_dir), str(tmp_path / "out"), "--model", "hostile",
-         "--version", "1"], capture_output=True, text=True, timeout=300,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)))
+        _limited(8 << 30, [sys.executable, "-m", "bertserve.cli", "export", str(model_dir), str(tmp_path / "out"),
+                           "--model", "hostile", "--version", "1"]), capture_output=True, text=True, timeout=300)
     assert result.returncode != 0, result.stdout + result.stderr
     assert "reaches element 127 of storage 0, which holds 4 elements" in result.stderr, result.stderr[-3000:]
