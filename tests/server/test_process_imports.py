@@ -9,7 +9,6 @@ import sys
 import textwrap
 
 
-
 def test_the_server_process_refuses_jax_and_tensorflow_goes_on_without_it(tmp_path):
     # An installed "jax" that does what JAX does on import: adds a garbage-collection callback.
     package = tmp_path / "jax"
