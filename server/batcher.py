@@ -496,13 +496,18 @@ def submit_on_loop(queue: BatchingQueue, inputs: Tensors, size: int, deadline: f
     timer: asyncio.TimerHandle | None = None
     settled = False
 
-    def settle(error: ServingError | None = None) -> None:  # on the loop; the first of answer and timeout wins
+    def close() -> bool:  # on the loop; the first of answer, timeout and abandon wins
         nonlocal settled
         if settled:
-            return
+            return False
         settled = True
         if timer is not None:
             timer.cancel()
+        return True
+
+    def settle(error: ServingError | None = None) -> None:
+        if not close():
+            return
         if error is not None:
             submission.abandon()
             on_done(None, error)
@@ -515,11 +520,7 @@ def submit_on_loop(queue: BatchingQueue, inputs: Tensors, size: int, deadline: f
         on_done(outputs, None)
 
     def abandon() -> None:
-        nonlocal settled
-        if not settled:
-            settled = True
-            if timer is not None:
-                timer.cancel()
+        if close():
             submission.abandon()
 
     submission = queue.submit(inputs, size, deadline, lambda: inbox.post(settle))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import gc
 import importlib.abc
+import itertools
 import json
 import os
 import signal
@@ -35,13 +36,17 @@ MAX_DEPTH = 60
 TOP = 25
 
 
+def _frames(frame):
+    """The frames from `frame` down to the thread's first."""
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
 def _stack(frame) -> tuple[tuple[str, str], ...]:
     """(file name, function) from the top of the stack down."""
-    out = []
-    while frame is not None and len(out) < MAX_DEPTH:
-        out.append((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
-        frame = frame.f_back
-    return tuple(out)
+    return tuple((os.path.basename(f.f_code.co_filename), f.f_code.co_name)
+                 for f in itertools.islice(_frames(frame), MAX_DEPTH))
 
 
 class StackSampler:
@@ -120,12 +125,6 @@ class _FirstImports(importlib.abc.MetaPathFinder):
             self.stacks[name] = [f"{f.f_code.co_filename}:{f.f_lineno}" for f in _frames(sys._getframe(1))
                                  if not f.f_code.co_filename.startswith("<frozen")][:MAX_DEPTH]
         return None  # the import itself goes on as usual
-
-
-def _frames(frame):
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
 
 
 def install(folder: str) -> StackSampler:
